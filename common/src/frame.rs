@@ -1,0 +1,433 @@
+//! The EventMeshFrame binary codec: the body format of every event the runtime writes to the
+//! MQ, byte-compatible with the Java reference.
+//!
+//! Layout, all integers big-endian:
+//!
+//! ```text
+//! header (14 bytes): [magic 0xEF][version 1][msgType u8][flags u8][seq i32][keyCount u16][dataLen i32]
+//! keyCount times:    [nameLen u16][name UTF-8][valLen i32][value UTF-8]
+//! then:              dataLen bytes of payload
+//! ```
+//!
+//! Contract:
+//! * Limits ([`FrameLimits`]) are enforced on encode and on decode, and decode checks every
+//!   length against the limits and the remaining buffer **before** allocating, so a hostile
+//!   header cannot make us allocate more than the input size.
+//! * A value exactly at a limit is accepted; one more is rejected.
+//! * Attribute order is preserved; a name that repeats keeps its first position and its last
+//!   value (the reference's `LinkedHashMap` behaviour).
+//! * Decode is strict: trailing bytes after the payload are an error. [`sniff`] is the cheap
+//!   structural test "is this body a frame at all?" used to tell our frames from foreign
+//!   producers' bodies (a UTF-8 BOM also starts with `0xEF`).
+//! * `msgType` is carried but not validated, as in the reference.
+
+use bytes::{BufMut, Bytes, BytesMut};
+
+/// First byte of every frame.
+pub const MAGIC: u8 = 0xEF;
+/// The only frame version this codec reads and writes.
+pub const VERSION: u8 = 1;
+/// Size of the fixed header.
+pub const HEADER_LEN: usize = 14;
+
+/// Frame message type: a stream request.
+pub const MSG_TYPE_STREAM_REQ: u8 = 1;
+/// Frame message type: a stream chunk.
+pub const MSG_TYPE_STREAM_CHUNK: u8 = 2;
+/// Frame message type: an event (what the runtime carries).
+pub const MSG_TYPE_EVENT: u8 = 3;
+
+/// Runtime attribute: the RocketMQ 5 POP check key of a pulled message.
+pub const ATTR_POP_CK: &str = "empopck";
+/// Runtime attribute: the MQ offset of a pulled message, decimal.
+pub const ATTR_MQ_OFFSET: &str = "emmqoffset";
+/// Runtime attribute: the MQ partition (a `PartitionId`) of a pulled message.
+pub const ATTR_MQ_PARTITION: &str = "emmqpartition";
+/// Runtime attribute: W3C trace context of the producer.
+pub const ATTR_TRACEPARENT: &str = "traceparent";
+/// Prefix of attribute names reserved for the runtime; publishers may not use it.
+pub const RESERVED_ATTR_PREFIX: &str = "em";
+
+/// Size bounds of a frame. [`FrameLimits::DEFAULT`] are the reference's values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FrameLimits {
+    /// Whole encoded frame.
+    pub max_frame_bytes: usize,
+    /// Payload.
+    pub max_data_bytes: usize,
+    /// Number of attributes.
+    pub max_attributes: usize,
+    /// One attribute name, in bytes.
+    pub max_attr_name_bytes: usize,
+    /// One attribute value, in bytes.
+    pub max_attr_value_bytes: usize,
+}
+
+impl FrameLimits {
+    /// 16 MiB frame, 8 MiB data, 64 attributes, 256-byte names, 4 KiB values.
+    pub const DEFAULT: FrameLimits = FrameLimits {
+        max_frame_bytes: 16 * 1024 * 1024,
+        max_data_bytes: 8 * 1024 * 1024,
+        max_attributes: 64,
+        max_attr_name_bytes: 256,
+        max_attr_value_bytes: 4096,
+    };
+}
+
+impl Default for FrameLimits {
+    fn default() -> Self {
+        Self::DEFAULT
+    }
+}
+
+/// Why a frame could not be encoded or decoded.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum FrameError {
+    /// Fewer than [`HEADER_LEN`] bytes.
+    #[error("buffer too short for a frame header: {len} < {HEADER_LEN} bytes")]
+    TooShort {
+        /// Bytes available.
+        len: usize,
+    },
+    /// The first byte is not [`MAGIC`].
+    #[error("bad frame magic 0x{0:02X}")]
+    BadMagic(u8),
+    /// The version byte is not [`VERSION`].
+    #[error("unsupported frame version {0}")]
+    UnsupportedVersion(u8),
+    /// More attributes than allowed.
+    #[error("attribute count {count} exceeds the limit of {max}")]
+    AttributeCount {
+        /// Attributes claimed or given.
+        count: usize,
+        /// The limit.
+        max: usize,
+    },
+    /// The payload is negative or larger than allowed.
+    #[error("data length {len} is outside 0..={max}")]
+    DataLength {
+        /// Length claimed or given.
+        len: i64,
+        /// The limit.
+        max: usize,
+    },
+    /// An attribute name is longer than allowed.
+    #[error("attribute name length {len} exceeds the limit of {max}")]
+    AttributeNameLength {
+        /// Length claimed or given.
+        len: usize,
+        /// The limit.
+        max: usize,
+    },
+    /// An attribute value is negative or longer than allowed.
+    #[error("attribute value length {len} is outside 0..={max}")]
+    AttributeValueLength {
+        /// Length claimed or given.
+        len: i64,
+        /// The limit.
+        max: usize,
+    },
+    /// The whole frame is larger than allowed.
+    #[error("frame length {len} exceeds the limit of {max}")]
+    FrameLength {
+        /// The length.
+        len: usize,
+        /// The limit.
+        max: usize,
+    },
+    /// A length field points past the end of the buffer.
+    #[error("buffer underflow reading {what}: need {needed} bytes, {remaining} remain")]
+    Truncated {
+        /// What was being read.
+        what: &'static str,
+        /// Bytes needed.
+        needed: usize,
+        /// Bytes left.
+        remaining: usize,
+    },
+    /// Bytes follow the payload.
+    #[error("buffer has {0} trailing bytes after the frame")]
+    TrailingBytes(usize),
+    /// An attribute name or value is not UTF-8.
+    #[error("attribute {what} is not valid UTF-8")]
+    InvalidUtf8 {
+        /// `name` or `value`.
+        what: &'static str,
+    },
+}
+
+/// A decoded (or to-be-encoded) EventMeshFrame.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Frame {
+    /// Message type ([`MSG_TYPE_EVENT`] for events).
+    pub msg_type: u8,
+    /// Flag bits: bit0 done, bit1 hasError, bit2 hasMeta.
+    pub flags: u8,
+    /// Stream sequence number (STREAM_CHUNK), 0 otherwise.
+    pub seq: i32,
+    attributes: Vec<(String, String)>,
+    /// The payload.
+    pub data: Bytes,
+}
+
+impl Frame {
+    /// An empty EVENT frame.
+    pub fn event() -> Self {
+        Frame {
+            msg_type: MSG_TYPE_EVENT,
+            ..Frame::default()
+        }
+    }
+
+    /// Attributes in insertion order.
+    pub fn attributes(&self) -> &[(String, String)] {
+        &self.attributes
+    }
+
+    /// The value of an attribute.
+    pub fn attribute(&self, name: &str) -> Option<&str> {
+        self.attributes
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// Sets an attribute: an existing name keeps its position and takes the new value.
+    pub fn set_attribute(&mut self, name: impl Into<String>, value: impl Into<String>) {
+        let name = name.into();
+        let value = value.into();
+        match self.attributes.iter_mut().find(|(n, _)| *n == name) {
+            Some(slot) => slot.1 = value,
+            None => self.attributes.push((name, value)),
+        }
+    }
+
+    /// Removes an attribute, returning its value.
+    pub fn remove_attribute(&mut self, name: &str) -> Option<String> {
+        let index = self.attributes.iter().position(|(n, _)| n == name)?;
+        Some(self.attributes.remove(index).1)
+    }
+
+    /// Size of the encoding of this frame, in bytes.
+    pub fn encoded_len(&self) -> usize {
+        HEADER_LEN
+            + self
+                .attributes
+                .iter()
+                .map(|(n, v)| 2 + n.len() + 4 + v.len())
+                .sum::<usize>()
+            + self.data.len()
+    }
+
+    /// Encodes the frame, enforcing `limits`.
+    pub fn encode(&self, limits: &FrameLimits) -> Result<Bytes, FrameError> {
+        check_count(self.attributes.len(), limits)?;
+        check_data_len(self.data.len() as i64, limits)?;
+        for (name, value) in &self.attributes {
+            check_name_len(name.len(), limits)?;
+            check_value_len(value.len() as i64, limits)?;
+        }
+        let len = self.encoded_len();
+        if len > limits.max_frame_bytes {
+            return Err(FrameError::FrameLength {
+                len,
+                max: limits.max_frame_bytes,
+            });
+        }
+        let mut out = BytesMut::with_capacity(len);
+        out.put_u8(MAGIC);
+        out.put_u8(VERSION);
+        out.put_u8(self.msg_type);
+        out.put_u8(self.flags);
+        out.put_i32(self.seq);
+        // The limit checks above keep these casts lossless.
+        out.put_u16(self.attributes.len() as u16);
+        out.put_i32(self.data.len() as i32);
+        for (name, value) in &self.attributes {
+            out.put_u16(name.len() as u16);
+            out.put_slice(name.as_bytes());
+            out.put_i32(value.len() as i32);
+            out.put_slice(value.as_bytes());
+        }
+        out.put_slice(&self.data);
+        Ok(out.freeze())
+    }
+
+    /// Decodes a frame, enforcing `limits`. The payload shares `buf`'s memory.
+    pub fn decode(buf: &Bytes, limits: &FrameLimits) -> Result<Frame, FrameError> {
+        if buf.len() > limits.max_frame_bytes {
+            return Err(FrameError::FrameLength {
+                len: buf.len(),
+                max: limits.max_frame_bytes,
+            });
+        }
+        let header = Header::parse(buf)?;
+        check_count(header.key_count, limits)?;
+        check_data_len(header.data_len, limits)?;
+        let mut reader = Reader {
+            buf,
+            pos: HEADER_LEN,
+        };
+        let mut frame = Frame {
+            msg_type: header.msg_type,
+            flags: header.flags,
+            seq: header.seq,
+            // Bounded by max_attributes, so this cannot be a huge allocation.
+            attributes: Vec::with_capacity(header.key_count),
+            data: Bytes::new(),
+        };
+        for _ in 0..header.key_count {
+            let name_len = reader.u16("attribute name length")? as usize;
+            check_name_len(name_len, limits)?;
+            let name = reader.utf8(name_len, "name")?;
+            let value_len = reader.i32("attribute value length")? as i64;
+            check_value_len(value_len, limits)?;
+            let value = reader.utf8(value_len as usize, "value")?;
+            frame.set_attribute(name, value);
+        }
+        let data_len = header.data_len as usize;
+        frame.data = reader.take(data_len, "data")?;
+        let trailing = buf.len() - reader.pos;
+        if trailing != 0 {
+            return Err(FrameError::TrailingBytes(trailing));
+        }
+        Ok(frame)
+    }
+}
+
+/// Whether `body` is structurally an EventMeshFrame: magic, version, and every length field
+/// walking exactly to the end of the body. Limits and UTF-8 are not checked here: a body that
+/// passes this test but then fails [`Frame::decode`] is a broken frame (dead-lettered with the
+/// reason), while one that fails it is a foreign body (delivered as it is).
+pub fn sniff(body: &[u8]) -> bool {
+    let Ok(header) = Header::parse(body) else {
+        return false;
+    };
+    if header.data_len < 0 {
+        return false;
+    }
+    let mut pos = HEADER_LEN;
+    for _ in 0..header.key_count {
+        let Some(name_len) = read_be::<2>(body, pos).map(|b| u16::from_be_bytes(b) as usize) else {
+            return false;
+        };
+        pos += 2 + name_len;
+        let Some(value_len) = read_be::<4>(body, pos).map(i32::from_be_bytes) else {
+            return false;
+        };
+        if value_len < 0 {
+            return false;
+        }
+        pos += 4 + value_len as usize;
+    }
+    pos.checked_add(header.data_len as usize) == Some(body.len())
+}
+
+struct Header {
+    msg_type: u8,
+    flags: u8,
+    seq: i32,
+    key_count: usize,
+    data_len: i64,
+}
+
+impl Header {
+    fn parse(buf: &[u8]) -> Result<Header, FrameError> {
+        if buf.len() < HEADER_LEN {
+            return Err(FrameError::TooShort { len: buf.len() });
+        }
+        if buf[0] != MAGIC {
+            return Err(FrameError::BadMagic(buf[0]));
+        }
+        if buf[1] != VERSION {
+            return Err(FrameError::UnsupportedVersion(buf[1]));
+        }
+        Ok(Header {
+            msg_type: buf[2],
+            flags: buf[3],
+            seq: i32::from_be_bytes([buf[4], buf[5], buf[6], buf[7]]),
+            key_count: u16::from_be_bytes([buf[8], buf[9]]) as usize,
+            data_len: i32::from_be_bytes([buf[10], buf[11], buf[12], buf[13]]) as i64,
+        })
+    }
+}
+
+fn read_be<const N: usize>(buf: &[u8], pos: usize) -> Option<[u8; N]> {
+    buf.get(pos..pos.checked_add(N)?)?.try_into().ok()
+}
+
+struct Reader<'a> {
+    buf: &'a Bytes,
+    pos: usize,
+}
+
+impl Reader<'_> {
+    fn take(&mut self, len: usize, what: &'static str) -> Result<Bytes, FrameError> {
+        let remaining = self.buf.len() - self.pos;
+        if len > remaining {
+            return Err(FrameError::Truncated {
+                what,
+                needed: len,
+                remaining,
+            });
+        }
+        let out = self.buf.slice(self.pos..self.pos + len);
+        self.pos += len;
+        Ok(out)
+    }
+
+    fn u16(&mut self, what: &'static str) -> Result<u16, FrameError> {
+        let b = self.take(2, what)?;
+        Ok(u16::from_be_bytes([b[0], b[1]]))
+    }
+
+    fn i32(&mut self, what: &'static str) -> Result<i32, FrameError> {
+        let b = self.take(4, what)?;
+        Ok(i32::from_be_bytes([b[0], b[1], b[2], b[3]]))
+    }
+
+    fn utf8(&mut self, len: usize, what: &'static str) -> Result<String, FrameError> {
+        let bytes = self.take(len, what)?;
+        String::from_utf8(bytes.to_vec()).map_err(|_| FrameError::InvalidUtf8 { what })
+    }
+}
+
+fn check_count(count: usize, limits: &FrameLimits) -> Result<(), FrameError> {
+    if count > limits.max_attributes {
+        return Err(FrameError::AttributeCount {
+            count,
+            max: limits.max_attributes,
+        });
+    }
+    Ok(())
+}
+
+fn check_data_len(len: i64, limits: &FrameLimits) -> Result<(), FrameError> {
+    if len < 0 || len > limits.max_data_bytes as i64 {
+        return Err(FrameError::DataLength {
+            len,
+            max: limits.max_data_bytes,
+        });
+    }
+    Ok(())
+}
+
+fn check_name_len(len: usize, limits: &FrameLimits) -> Result<(), FrameError> {
+    if len > limits.max_attr_name_bytes {
+        return Err(FrameError::AttributeNameLength {
+            len,
+            max: limits.max_attr_name_bytes,
+        });
+    }
+    Ok(())
+}
+
+fn check_value_len(len: i64, limits: &FrameLimits) -> Result<(), FrameError> {
+    if len < 0 || len > limits.max_attr_value_bytes as i64 {
+        return Err(FrameError::AttributeValueLength {
+            len,
+            max: limits.max_attr_value_bytes,
+        });
+    }
+    Ok(())
+}

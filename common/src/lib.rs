@@ -1,0 +1,18 @@
+//! Code shared by the EventMesh services.
+//!
+//! * [`frame`] — the EventMeshFrame codec (the body format in the MQ).
+//! * [`keys`] — validated names (`Topic`, `ClientId`, `GroupName`, `PartitionId`) and the
+//!   composite keys `OffsetKey` (`topic#client#partition`) and `PullKey` (`topic#partition`).
+//! * [`status`] — the one mapping from errors to `tonic::Status`.
+//! * [`config`] — config file loading and flag precedence.
+//! * [`telemetry`] — tracing and OpenTelemetry initialisation.
+//! * [`shutdown`] — the signal-driven cancellation token.
+//!
+//! Code lands here only when two services really share it.
+
+pub mod config;
+pub mod frame;
+pub mod keys;
+pub mod shutdown;
+pub mod status;
+pub mod telemetry;

@@ -1,0 +1,23 @@
+//! The offset-svc binary: parse flags, start telemetry, serve until SIGINT/SIGTERM.
+
+use std::io::Write;
+
+use anyhow::Context;
+use clap::Parser;
+use offset_svc::config::Args;
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let config = Args::parse().into_config()?;
+    let _telemetry = eventmesh_common::telemetry::init("offset-svc", config.log_format)?;
+    let shutdown =
+        eventmesh_common::shutdown::on_signals().context("installing signal handlers")?;
+    let server = offset_svc::server::start(config, shutdown).await?;
+    // The one line on stdout: scripts and tests read the bound address from it.
+    let mut stdout = std::io::stdout().lock();
+    writeln!(stdout, "offset-svc listening on {}", server.local_addr())?;
+    stdout.flush()?;
+    drop(stdout);
+    server.wait().await?;
+    Ok(())
+}

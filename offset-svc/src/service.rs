@@ -1,0 +1,229 @@
+//! The `eventmesh.offset.v1.OffsetService` gRPC implementation over any [`OffsetStore`].
+//!
+//! Every request is validated before it reaches the store; an invalid field is answered with
+//! INVALID_ARGUMENT naming the field (`entries[3].key.topic: ...`) and nothing of the request is
+//! applied. Store calls run on the blocking pool, since RocksDB (and `sync` fsyncs) block.
+
+use std::sync::Arc;
+
+use eventmesh_common::keys::{KeyError, OffsetClient, OffsetKey, PartitionId, Topic};
+use eventmesh_common::status::FieldError;
+use eventmesh_proto::offset::{self as pb, offset_service_server::OffsetService};
+use tonic::{Request, Response, Status};
+use tracing::instrument;
+
+use crate::error::Error;
+use crate::store::{OffsetStore, Selector};
+
+/// Most entries accepted in one WriteOffsets call.
+pub const MAX_BATCH_ENTRIES: usize = 100_000;
+
+/// The gRPC face of an [`OffsetStore`].
+#[derive(Clone)]
+pub struct OffsetGrpc {
+    store: Arc<dyn OffsetStore>,
+    force_sync: bool,
+}
+
+impl OffsetGrpc {
+    /// Serves `store`.
+    pub fn new(store: Arc<dyn OffsetStore>) -> Self {
+        OffsetGrpc {
+            store,
+            force_sync: false,
+        }
+    }
+
+    /// fsync every batch, whatever the request asks.
+    pub fn with_forced_sync(mut self, force_sync: bool) -> Self {
+        self.force_sync = force_sync;
+        self
+    }
+
+    async fn blocking<T, F>(&self, work: F) -> Result<T, Status>
+    where
+        T: Send + 'static,
+        F: FnOnce(&dyn OffsetStore) -> Result<T, Error> + Send + 'static,
+    {
+        let store = Arc::clone(&self.store);
+        tokio::task::spawn_blocking(move || work(store.as_ref()))
+            .await
+            .map_err(|err| Status::from(Error::Task(err.to_string())))?
+            .map_err(Status::from)
+    }
+}
+
+fn field<T>(path: impl FnOnce() -> String, result: Result<T, KeyError>) -> Result<T, FieldError> {
+    result.map_err(|err| FieldError::new(path(), err))
+}
+
+fn parse_key(path: &str, key: Option<&pb::OffsetKey>) -> Result<OffsetKey, FieldError> {
+    let Some(key) = key else {
+        return Err(FieldError::new(path, "missing"));
+    };
+    Ok(OffsetKey::new(
+        field(|| format!("{path}.topic"), Topic::new(key.topic.as_str()))?,
+        field(
+            || format!("{path}.client_id"),
+            OffsetClient::parse(&key.client_id),
+        )?,
+        field(
+            || format!("{path}.partition"),
+            PartitionId::new(key.partition.as_str()),
+        )?,
+    ))
+}
+
+fn parse_optional_client(path: &str, client: &str) -> Result<Option<OffsetClient>, FieldError> {
+    if client.is_empty() {
+        return Ok(None);
+    }
+    field(|| path.to_owned(), OffsetClient::parse(client)).map(Some)
+}
+
+fn parse_selector(selector: Option<&pb::OffsetSelector>) -> Result<Selector, FieldError> {
+    let Some(selector) = selector else {
+        return Err(FieldError::new("selector", "missing"));
+    };
+    let partition = match selector.partition.as_str() {
+        "" => None,
+        text => Some(field(
+            || "selector.partition".into(),
+            PartitionId::new(text),
+        )?),
+    };
+    Ok(Selector {
+        topic: field(
+            || "selector.topic".into(),
+            Topic::new(selector.topic.as_str()),
+        )?,
+        client: parse_optional_client("selector.client_id", &selector.client_id)?,
+        partition,
+    })
+}
+
+fn to_entry((key, offset): (OffsetKey, i64)) -> pb::OffsetEntry {
+    pb::OffsetEntry {
+        key: Some(pb::OffsetKey {
+            topic: key.topic.to_string(),
+            client_id: key.client.to_string(),
+            partition: key.partition.to_string(),
+        }),
+        offset,
+    }
+}
+
+#[tonic::async_trait]
+impl OffsetService for OffsetGrpc {
+    #[instrument(skip_all, fields(entries = request.get_ref().entries.len(), sync = request.get_ref().sync))]
+    async fn write_offsets(
+        &self,
+        request: Request<pb::WriteOffsetsRequest>,
+    ) -> Result<Response<pb::WriteOffsetsResponse>, Status> {
+        let request = request.into_inner();
+        if request.entries.len() > MAX_BATCH_ENTRIES {
+            return Err(Status::invalid_argument(format!(
+                "batch of {} entries exceeds the limit of {MAX_BATCH_ENTRIES}",
+                request.entries.len()
+            )));
+        }
+        let entries = request
+            .entries
+            .iter()
+            .enumerate()
+            .map(|(i, entry)| {
+                let key = parse_key(&format!("entries[{i}].key"), entry.key.as_ref())?;
+                if entry.offset < 0 {
+                    return Err(FieldError::new(
+                        format!("entries[{i}].offset"),
+                        format!("{} is negative; offsets are MQ offsets >= 0", entry.offset),
+                    ));
+                }
+                Ok((key, entry.offset))
+            })
+            .collect::<Result<Vec<_>, FieldError>>()?;
+        let sync = request.sync || self.force_sync;
+        let outcomes = self
+            .blocking(move |store| store.write_batch(&entries, sync))
+            .await?;
+        Ok(Response::new(pb::WriteOffsetsResponse {
+            results: outcomes
+                .into_iter()
+                .map(|o| pb::WriteResult {
+                    stored: o.stored,
+                    advanced: o.advanced,
+                })
+                .collect(),
+        }))
+    }
+
+    #[instrument(skip_all)]
+    async fn read_offset(
+        &self,
+        request: Request<pb::ReadOffsetRequest>,
+    ) -> Result<Response<pb::ReadOffsetResponse>, Status> {
+        let key = parse_key("key", request.get_ref().key.as_ref())?;
+        let offset = self.blocking(move |store| store.read_offset(&key)).await?;
+        Ok(Response::new(pb::ReadOffsetResponse { offset }))
+    }
+
+    #[instrument(skip_all, fields(topic = %request.get_ref().topic))]
+    async fn read_topic_offsets(
+        &self,
+        request: Request<pb::ReadTopicOffsetsRequest>,
+    ) -> Result<Response<pb::ReadTopicOffsetsResponse>, Status> {
+        let request = request.get_ref();
+        let topic = field(|| "topic".into(), Topic::new(request.topic.as_str()))?;
+        let client = parse_optional_client("client_id", &request.client_id)?;
+        let entries = self
+            .blocking(move |store| store.read_topic(&topic, client.as_ref()))
+            .await?;
+        Ok(Response::new(pb::ReadTopicOffsetsResponse {
+            entries: entries.into_iter().map(to_entry).collect(),
+        }))
+    }
+
+    #[instrument(skip_all)]
+    async fn list_topics(
+        &self,
+        _request: Request<pb::ListTopicsRequest>,
+    ) -> Result<Response<pb::ListTopicsResponse>, Status> {
+        let topics = self.blocking(|store| store.list_topics()).await?;
+        Ok(Response::new(pb::ListTopicsResponse {
+            topics: topics.into_iter().map(|t| t.to_string()).collect(),
+        }))
+    }
+
+    #[instrument(skip_all, fields(reason = %request.get_ref().reason, offset = request.get_ref().offset))]
+    async fn reset_offsets(
+        &self,
+        request: Request<pb::ResetOffsetsRequest>,
+    ) -> Result<Response<pb::ResetOffsetsResponse>, Status> {
+        let request = request.into_inner();
+        let selector = parse_selector(request.selector.as_ref())?;
+        let offset = request.offset;
+        let reason = request.reason;
+        let previous = self
+            .blocking(move |store| store.reset(&selector, offset, &reason))
+            .await?;
+        Ok(Response::new(pb::ResetOffsetsResponse {
+            previous: previous.into_iter().map(to_entry).collect(),
+        }))
+    }
+
+    #[instrument(skip_all, fields(reason = %request.get_ref().reason))]
+    async fn delete_offsets(
+        &self,
+        request: Request<pb::DeleteOffsetsRequest>,
+    ) -> Result<Response<pb::DeleteOffsetsResponse>, Status> {
+        let request = request.into_inner();
+        let selector = parse_selector(request.selector.as_ref())?;
+        let reason = request.reason;
+        let removed = self
+            .blocking(move |store| store.delete(&selector, &reason))
+            .await?;
+        Ok(Response::new(pb::DeleteOffsetsResponse {
+            removed: removed.into_iter().map(to_entry).collect(),
+        }))
+    }
+}

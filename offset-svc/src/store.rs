@@ -1,0 +1,365 @@
+//! The [`OffsetStore`] contract and the in-memory table both stores are built on.
+//!
+//! Semantics (the seed's, kept exactly):
+//! * [`OffsetStore::write_batch`] is CAS-max per key: a write lower than or equal to the stored
+//!   value is a no-op and never a regression. A batch is applied atomically and, for the
+//!   durable store, survives a process crash once the call returns `Ok`; `sync` also fsyncs
+//!   the write-ahead log. A write that fails returns `Err` and changes nothing visible.
+//! * [`OffsetStore::read_offset`] of an unknown key is `-1`.
+//! * Only the operator calls [`OffsetStore::reset`] and [`OffsetStore::delete`] can lower or
+//!   remove a value; both require a reason and log every key they touch.
+//!
+//! Entries of a batch are applied in order against a running value, so for every entry
+//! `advanced` says whether it raised the value at its point in the batch, and `stored` is the
+//! key's value after the whole batch (it may be higher still if a concurrent batch raised it).
+
+use std::collections::HashMap;
+use std::hash::{BuildHasher, RandomState};
+use std::sync::Mutex;
+
+use eventmesh_common::keys::{OffsetClient, OffsetKey, PartitionId, Topic};
+
+use crate::error::Error;
+
+/// The value of a key nobody has written.
+pub const UNKNOWN_OFFSET: i64 = -1;
+
+/// The result of one entry of a write batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WriteOutcome {
+    /// The key's value after the batch.
+    pub stored: i64,
+    /// Whether this entry raised the value.
+    pub advanced: bool,
+}
+
+/// Which entries an operator action touches.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Selector {
+    /// The topic.
+    pub topic: Topic,
+    /// One client (or MQ cursor); `None` for all.
+    pub client: Option<OffsetClient>,
+    /// One partition; `None` for all.
+    pub partition: Option<PartitionId>,
+}
+
+impl Selector {
+    /// The single key this selector names, when client and partition are both given.
+    pub fn exact_key(&self) -> Option<OffsetKey> {
+        Some(OffsetKey::new(
+            self.topic.clone(),
+            self.client.clone()?,
+            self.partition.clone()?,
+        ))
+    }
+
+    fn prefix(&self) -> String {
+        match &self.client {
+            Some(client) => OffsetKey::client_prefix(&self.topic, client),
+            None => OffsetKey::topic_prefix(&self.topic),
+        }
+    }
+
+    fn matches(&self, key: &str) -> bool {
+        key.starts_with(&self.prefix())
+            && self
+                .partition
+                .as_ref()
+                .is_none_or(|p| key.rsplit_once('#').map(|(_, part)| part) == Some(p.as_str()))
+    }
+}
+
+/// A store of monotonic offsets. Implementations are cheap to share (`Arc<dyn OffsetStore>`);
+/// calls may block on I/O, so async callers run them on a blocking thread.
+pub trait OffsetStore: Send + Sync + 'static {
+    /// Applies a batch of CAS-max writes atomically; one outcome per entry, in order.
+    fn write_batch(
+        &self,
+        entries: &[(OffsetKey, i64)],
+        sync: bool,
+    ) -> Result<Vec<WriteOutcome>, Error>;
+
+    /// Writes one CAS-max value.
+    fn write_offset(&self, key: &OffsetKey, offset: i64) -> Result<WriteOutcome, Error> {
+        let mut outcomes = self.write_batch(&[(key.clone(), offset)], false)?;
+        outcomes
+            .pop()
+            .ok_or(Error::Internal("empty outcome for a one-entry batch"))
+    }
+
+    /// Reads one value; [`UNKNOWN_OFFSET`] when absent.
+    fn read_offset(&self, key: &OffsetKey) -> Result<i64, Error>;
+
+    /// Every entry of `topic` (optionally of one client), ordered by key.
+    fn read_topic(
+        &self,
+        topic: &Topic,
+        client: Option<&OffsetClient>,
+    ) -> Result<Vec<(OffsetKey, i64)>, Error>;
+
+    /// Every topic with at least one entry, sorted.
+    fn list_topics(&self) -> Result<Vec<Topic>, Error>;
+
+    /// Operator action: sets the selected entries to `offset` (which may be lower). With an
+    /// exact selector the key is created if missing. Returns each changed key with its
+    /// previous value.
+    fn reset(
+        &self,
+        selector: &Selector,
+        offset: i64,
+        reason: &str,
+    ) -> Result<Vec<(OffsetKey, i64)>, Error>;
+
+    /// Operator action: removes the selected entries. Returns each with its last value.
+    fn delete(&self, selector: &Selector, reason: &str) -> Result<Vec<(OffsetKey, i64)>, Error>;
+
+    /// Makes everything written so far durable against an OS crash too.
+    fn flush(&self) -> Result<(), Error>;
+}
+
+/// A change to persist, in the order given.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Change<'a> {
+    /// Raise the key to at least this value.
+    Max(&'a str, i64),
+    /// Set the key to exactly this value (operator reset).
+    Set(&'a str, i64),
+    /// Remove the key (operator delete).
+    Delete(&'a str),
+}
+
+const SHARDS: usize = 64;
+
+/// One lock's worth of the table: encoded key → offset.
+type Shard = Mutex<HashMap<Box<str>, i64>>;
+
+/// A sharded map from encoded key to offset with max-only updates.
+///
+/// It is the whole in-memory store, and the durable store's index of what is on disk: every
+/// value it holds has been persisted, because values enter it only after the persistence
+/// step succeeded. Writers to different shards never contend, and a shard lock is held only
+/// for hash-map operations, never across I/O.
+pub(crate) struct MaxTable {
+    shards: Box<[Shard]>,
+    hasher: RandomState,
+}
+
+impl MaxTable {
+    pub(crate) fn new() -> Self {
+        MaxTable {
+            shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
+            hasher: RandomState::new(),
+        }
+    }
+
+    fn shard(&self, key: &str) -> std::sync::MutexGuard<'_, HashMap<Box<str>, i64>> {
+        let index = (self.hasher.hash_one(key) as usize) % SHARDS;
+        // A poisoned shard only means another writer panicked between two map operations,
+        // each of which leaves the map consistent; keep serving.
+        self.shards[index]
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    pub(crate) fn get(&self, key: &str) -> Option<i64> {
+        self.shard(key).get(key).copied()
+    }
+
+    /// Raises `key` to at least `value`; returns the value now held.
+    pub(crate) fn raise(&self, key: &str, value: i64) -> i64 {
+        let mut shard = self.shard(key);
+        match shard.get_mut(key) {
+            Some(current) => {
+                *current = (*current).max(value);
+                *current
+            }
+            None => {
+                shard.insert(key.into(), value);
+                value
+            }
+        }
+    }
+
+    pub(crate) fn apply(&self, change: &Change) {
+        match change {
+            Change::Max(key, value) => {
+                self.raise(key, *value);
+            }
+            Change::Set(key, value) => {
+                self.shard(key).insert((*key).into(), *value);
+            }
+            Change::Delete(key) => {
+                self.shard(key).remove(*key);
+            }
+        }
+    }
+
+    /// Every (key, value) whose key starts with `prefix`, sorted by key.
+    pub(crate) fn scan(&self, prefix: &str) -> Vec<(String, i64)> {
+        let mut out: Vec<(String, i64)> = self
+            .shards
+            .iter()
+            .flat_map(|shard| {
+                let shard = shard.lock().unwrap_or_else(|p| p.into_inner());
+                shard
+                    .iter()
+                    .filter(|(k, _)| k.starts_with(prefix))
+                    .map(|(k, v)| (k.to_string(), *v))
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        out.sort_unstable();
+        out
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.shards
+            .iter()
+            .map(|s| s.lock().unwrap_or_else(|p| p.into_inner()).len())
+            .sum()
+    }
+
+    /// Runs a CAS-max batch: computes what raises which key, persists those raises with
+    /// `persist` (nothing is persisted when nothing rises), then publishes them.
+    pub(crate) fn write_batch(
+        &self,
+        entries: &[(OffsetKey, i64)],
+        persist: impl FnOnce(&[Change<'_>]) -> Result<(), Error>,
+    ) -> Result<Vec<WriteOutcome>, Error> {
+        let mut keys = Vec::with_capacity(entries.len());
+        for (key, offset) in entries {
+            if *offset < 0 {
+                return Err(Error::NegativeOffset {
+                    key: key.to_string(),
+                    offset: *offset,
+                });
+            }
+            keys.push(key.to_string());
+        }
+        // Per distinct key: (value before the batch, running value).
+        let mut running: HashMap<&str, (i64, i64)> = HashMap::with_capacity(keys.len());
+        let mut advanced = Vec::with_capacity(keys.len());
+        for (key, (_, offset)) in keys.iter().zip(entries) {
+            let slot = running.entry(key.as_str()).or_insert_with(|| {
+                let held = self.get(key).unwrap_or(UNKNOWN_OFFSET);
+                (held, held)
+            });
+            let raised = *offset > slot.1;
+            if raised {
+                slot.1 = *offset;
+            }
+            advanced.push(raised);
+        }
+        let raises: Vec<Change<'_>> = running
+            .iter()
+            .filter(|(_, (before, after))| after > before)
+            .map(|(key, (_, after))| Change::Max(key, *after))
+            .collect();
+        if !raises.is_empty() {
+            persist(&raises)?;
+        }
+        // Publish, and keep what is stored now (a concurrent batch may have gone higher).
+        for (key, (_, value)) in running.iter_mut() {
+            *value = self.raise(key, *value);
+        }
+        Ok(keys
+            .iter()
+            .zip(advanced)
+            .map(|(key, advanced)| WriteOutcome {
+                stored: running
+                    .get(key.as_str())
+                    .map_or(UNKNOWN_OFFSET, |(_, stored)| *stored),
+                advanced,
+            })
+            .collect())
+    }
+
+    pub(crate) fn read_topic(
+        &self,
+        topic: &Topic,
+        client: Option<&OffsetClient>,
+    ) -> Result<Vec<(OffsetKey, i64)>, Error> {
+        let prefix = match client {
+            Some(client) => OffsetKey::client_prefix(topic, client),
+            None => OffsetKey::topic_prefix(topic),
+        };
+        self.scan(&prefix)
+            .into_iter()
+            .map(|(key, value)| Ok((parse_stored_key(&key)?, value)))
+            .collect()
+    }
+
+    pub(crate) fn list_topics(&self) -> Result<Vec<Topic>, Error> {
+        let mut topics: Vec<String> = self
+            .scan("")
+            .into_iter()
+            .filter_map(|(key, _)| key.split_once('#').map(|(t, _)| t.to_owned()))
+            .collect();
+        topics.dedup();
+        topics
+            .into_iter()
+            .map(|t| Topic::new(t.clone()).map_err(|_| Error::CorruptKey(t)))
+            .collect()
+    }
+
+    /// Plans and runs an operator reset or delete over the selected keys.
+    pub(crate) fn operator_change(
+        &self,
+        selector: &Selector,
+        new_value: Option<i64>,
+        reason: &str,
+        persist: impl FnOnce(&[Change<'_>]) -> Result<(), Error>,
+    ) -> Result<Vec<(OffsetKey, i64)>, Error> {
+        if reason.trim().is_empty() {
+            return Err(Error::MissingReason);
+        }
+        if let Some(value) = new_value
+            && value < UNKNOWN_OFFSET
+        {
+            return Err(Error::NegativeOffset {
+                key: selector.prefix(),
+                offset: value,
+            });
+        }
+        let mut selected: Vec<(String, i64)> = self
+            .scan(&selector.prefix())
+            .into_iter()
+            .filter(|(key, _)| selector.matches(key))
+            .collect();
+        if let (Some(exact), Some(_)) = (selector.exact_key(), new_value)
+            && selected.is_empty()
+        {
+            selected.push((exact.to_string(), UNKNOWN_OFFSET));
+        }
+        let changes: Vec<Change<'_>> = selected
+            .iter()
+            .map(|(key, _)| match new_value {
+                Some(value) => Change::Set(key, value),
+                None => Change::Delete(key),
+            })
+            .collect();
+        if !changes.is_empty() {
+            persist(&changes)?;
+        }
+        for change in &changes {
+            self.apply(change);
+        }
+        let mut out = Vec::with_capacity(selected.len());
+        for (key, previous) in &selected {
+            let previous = *previous;
+            match new_value {
+                Some(value) => {
+                    tracing::warn!(%key, previous, new = value, reason, "operator reset offset")
+                }
+                None => tracing::warn!(%key, previous, reason, "operator deleted offset"),
+            }
+            out.push((parse_stored_key(key)?, previous));
+        }
+        Ok(out)
+    }
+}
+
+fn parse_stored_key(key: &str) -> Result<OffsetKey, Error> {
+    key.parse().map_err(|_| Error::CorruptKey(key.to_owned()))
+}

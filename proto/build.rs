@@ -1,0 +1,25 @@
+//! Generates the tonic/prost code for every `.proto` under `proto/`.
+//!
+//! protoc comes from the vendored crate, so building this crate needs no system protoc.
+
+use std::path::PathBuf;
+
+const PROTOS: &[&str] = &[
+    "proto/eventmesh/v1/eventmesh.proto",
+    "proto/eventmesh/offset/v1/offset.proto",
+    "proto/eventmesh/puller/v1/puller.proto",
+];
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let out_dir = PathBuf::from(std::env::var("OUT_DIR")?);
+    let mut config = prost_build::Config::new();
+    config.protoc_executable(protoc_bin_vendored::protoc_bin_path()?);
+    tonic_prost_build::configure()
+        .file_descriptor_set_path(out_dir.join("eventmesh_descriptor.bin"))
+        .bytes(".eventmesh")
+        .compile_with_config(config, PROTOS, &["proto"])?;
+    for proto in PROTOS {
+        println!("cargo:rerun-if-changed={proto}");
+    }
+    Ok(())
+}

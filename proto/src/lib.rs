@@ -1,0 +1,34 @@
+//! The protobuf contracts of the EventMesh offset runtime and their generated code.
+//!
+//! This crate alone runs codegen. Packages are versioned (`eventmesh.v1`,
+//! `eventmesh.offset.v1`, `eventmesh.puller.v1`): later changes add fields and RPCs, never
+//! renumber or repurpose them. `bytes` fields are generated as [`bytes::Bytes`]-compatible
+//! `prost::bytes::Bytes` so payloads move between services without copies.
+
+#![allow(clippy::all, missing_docs)]
+
+/// The client-facing API served by dispatcher-svc.
+pub mod eventmesh {
+    pub mod v1 {
+        tonic::include_proto!("eventmesh.v1");
+    }
+    /// The offset store API served by offset-svc.
+    pub mod offset {
+        pub mod v1 {
+            tonic::include_proto!("eventmesh.offset.v1");
+        }
+    }
+    /// The MQ reader API served by puller-svc.
+    pub mod puller {
+        pub mod v1 {
+            tonic::include_proto!("eventmesh.puller.v1");
+        }
+    }
+}
+
+pub use eventmesh::offset::v1 as offset;
+pub use eventmesh::puller::v1 as puller;
+pub use eventmesh::v1 as client;
+
+/// The encoded `FileDescriptorSet` of every package, for gRPC server reflection.
+pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("eventmesh_descriptor");
