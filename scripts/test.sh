@@ -1,8 +1,15 @@
 #!/usr/bin/env bash
-# The test command: installs what is missing, then runs the whole workspace's tests.
-# Extra arguments go to `cargo test` (e.g. `scripts/test.sh -p offset-svc`).
+# The test command: installs what is missing, then runs the whole workspace's tests and ends
+# with one total line. Extra arguments go to `cargo test` (e.g. `scripts/test.sh -p offset-svc`).
 source "$(dirname "$0")/common.sh"
 ensure_build_deps
 cd "$REPO_ROOT"
 log "cargo test (target dir: $CARGO_TARGET_DIR)"
-cargo test --workspace --locked "$@"
+output="$(mktemp)"
+trap 'rm -f "$output"' EXIT
+status=0
+cargo test --workspace --locked "$@" 2>&1 | tee "$output" || status=$?
+# cargo's last lines are per-crate doc-test results (often "0 passed"); close with the total.
+awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed;?$/) p += $i; if ($(i+1) ~ /^failed;?$/) f += $i } }
+     END { printf "all tests: %d passed, %d failed\n", p, f }' "$output"
+exit "$status"
