@@ -22,4 +22,4 @@ pub mod store;
 pub use error::Error;
 pub use memory::MemoryOffsetStore;
 pub use rocks::RocksDbOffsetStore;
-pub use store::{OffsetStore, Selector, UNKNOWN_OFFSET, WriteOutcome};
+pub use store::{OffsetStore, Persistence, Selector, TableStore, UNKNOWN_OFFSET, WriteOutcome};

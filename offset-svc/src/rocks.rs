@@ -21,11 +21,11 @@
 
 use std::path::{Path, PathBuf};
 
-use eventmesh_common::keys::{OffsetClient, OffsetKey, Topic};
+use eventmesh_common::keys::OffsetKey;
 use rocksdb::{DB, IteratorMode, MergeOperands, Options, WriteBatch, WriteOptions};
 
 use crate::error::Error;
-use crate::store::{Change, MaxTable, OffsetStore, Selector, UNKNOWN_OFFSET, WriteOutcome};
+use crate::store::{Change, MaxTable, Persistence, TableStore};
 
 /// The name RocksDB records for the merge operator; changing it makes old databases refuse
 /// to open, so it carries the value-format version.
@@ -85,15 +85,17 @@ pub enum OpenMode {
     ReadOnly,
 }
 
-/// Offsets in RocksDB with an in-memory index.
-pub struct RocksDbOffsetStore {
+/// RocksDB as the [`Persistence`] of a [`TableStore`].
+pub struct RocksDb {
     db: DB,
-    table: MaxTable,
     path: PathBuf,
     mode: OpenMode,
 }
 
-impl RocksDbOffsetStore {
+/// Offsets in RocksDB with an in-memory index.
+pub type RocksDbOffsetStore = TableStore<RocksDb>;
+
+impl TableStore<RocksDb> {
     /// Opens (creating if missing) the database at `path` and loads its index.
     pub fn open(path: impl AsRef<Path>) -> Result<Self, Error> {
         Self::open_with(path, OpenMode::ReadWrite)
@@ -135,29 +137,19 @@ impl RocksDbOffsetStore {
             table.raise(&key_text, value);
         }
         tracing::info!(path = %path.display(), keys = table.len(), skipped, ?mode, "offset store opened");
-        Ok(RocksDbOffsetStore {
-            db,
+        Ok(TableStore::with_persistence(
             table,
-            path,
-            mode,
-        })
+            RocksDb { db, path, mode },
+        ))
     }
 
     /// The database directory.
     pub fn path(&self) -> &Path {
-        &self.path
+        &self.persistence().path
     }
+}
 
-    /// Number of keys served.
-    pub fn len(&self) -> usize {
-        self.table.len()
-    }
-
-    /// Whether no key is stored.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
+impl Persistence for RocksDb {
     fn persist(&self, changes: &[Change<'_>], sync: bool) -> Result<(), Error> {
         let mut batch = WriteBatch::default();
         for change in changes {
@@ -171,60 +163,9 @@ impl RocksDbOffsetStore {
         options.set_sync(sync);
         self.db.write_opt(batch, &options).map_err(Error::Write)
     }
-}
 
-impl OffsetStore for RocksDbOffsetStore {
-    fn write_batch(
-        &self,
-        entries: &[(OffsetKey, i64)],
-        sync: bool,
-    ) -> Result<Vec<WriteOutcome>, Error> {
-        let mut wrote = false;
-        let outcomes = self.table.write_batch(entries, |changes| {
-            wrote = true;
-            self.persist(changes, sync)
-        })?;
-        if sync && !wrote && !entries.is_empty() {
-            // Every value was already held, possibly written by a concurrent batch without
-            // sync: make sure what we answer with is on stable storage.
-            self.db.flush_wal(true).map_err(Error::Write)?;
-        }
-        Ok(outcomes)
-    }
-
-    fn read_offset(&self, key: &OffsetKey) -> Result<i64, Error> {
-        Ok(self.table.get(&key.to_string()).unwrap_or(UNKNOWN_OFFSET))
-    }
-
-    fn read_topic(
-        &self,
-        topic: &Topic,
-        client: Option<&OffsetClient>,
-    ) -> Result<Vec<(OffsetKey, i64)>, Error> {
-        self.table.read_topic(topic, client)
-    }
-
-    fn list_topics(&self) -> Result<Vec<Topic>, Error> {
-        self.table.list_topics()
-    }
-
-    fn reset(
-        &self,
-        selector: &Selector,
-        offset: i64,
-        reason: &str,
-    ) -> Result<Vec<(OffsetKey, i64)>, Error> {
-        self.table
-            .operator_change(selector, Some(offset), reason, |changes| {
-                self.persist(changes, true)
-            })
-    }
-
-    fn delete(&self, selector: &Selector, reason: &str) -> Result<Vec<(OffsetKey, i64)>, Error> {
-        self.table
-            .operator_change(selector, None, reason, |changes| {
-                self.persist(changes, true)
-            })
+    fn sync_held(&self) -> Result<(), Error> {
+        self.db.flush_wal(true).map_err(Error::Write)
     }
 
     fn flush(&self) -> Result<(), Error> {

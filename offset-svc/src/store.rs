@@ -120,13 +120,112 @@ pub trait OffsetStore: Send + Sync + 'static {
 
 /// A change to persist, in the order given.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Change<'a> {
+pub enum Change<'a> {
     /// Raise the key to at least this value.
     Max(&'a str, i64),
     /// Set the key to exactly this value (operator reset).
     Set(&'a str, i64),
     /// Remove the key (operator delete).
     Delete(&'a str),
+}
+
+/// Where a [`TableStore`] makes its changes durable.
+pub trait Persistence: Send + Sync + 'static {
+    /// Applies `changes` atomically; `sync` also fsyncs. On `Err` nothing was applied.
+    fn persist(&self, changes: &[Change<'_>], sync: bool) -> Result<(), Error>;
+    /// Makes every value already persisted survive an OS crash (a `sync` batch that had
+    /// nothing new to write still answers with values that must be on stable storage).
+    fn sync_held(&self) -> Result<(), Error>;
+    /// Flushes everything to stable storage (shutdown).
+    fn flush(&self) -> Result<(), Error>;
+}
+
+/// The one implementation of [`OffsetStore`]: a sharded in-memory index in front of a
+/// [`Persistence`]. The in-memory and the RocksDB store differ only in `P`, so both run the
+/// very same CAS-max and operator code.
+pub struct TableStore<P> {
+    table: MaxTable,
+    persistence: P,
+}
+
+impl<P> TableStore<P> {
+    pub(crate) fn with_persistence(table: MaxTable, persistence: P) -> Self {
+        TableStore { table, persistence }
+    }
+
+    pub(crate) fn persistence(&self) -> &P {
+        &self.persistence
+    }
+
+    /// Number of keys held.
+    pub fn len(&self) -> usize {
+        self.table.len()
+    }
+
+    /// Whether no key is held.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+impl<P: Persistence> OffsetStore for TableStore<P> {
+    fn write_batch(
+        &self,
+        entries: &[(OffsetKey, i64)],
+        sync: bool,
+    ) -> Result<Vec<WriteOutcome>, Error> {
+        let mut wrote = false;
+        let outcomes = self.table.write_batch(entries, |changes| {
+            wrote = true;
+            self.persistence.persist(changes, sync)
+        })?;
+        if sync && !wrote && !entries.is_empty() {
+            // Every value was already held, possibly written by a concurrent batch without
+            // sync: make sure what we answer with is on stable storage.
+            self.persistence.sync_held()?;
+        }
+        Ok(outcomes)
+    }
+
+    fn read_offset(&self, key: &OffsetKey) -> Result<i64, Error> {
+        Ok(self.table.get(&key.to_string()).unwrap_or(UNKNOWN_OFFSET))
+    }
+
+    fn read_topic(
+        &self,
+        topic: &Topic,
+        client: Option<&OffsetClient>,
+    ) -> Result<Vec<(OffsetKey, i64)>, Error> {
+        self.table.read_topic(topic, client)
+    }
+
+    fn list_topics(&self) -> Result<Vec<Topic>, Error> {
+        self.table.list_topics()
+    }
+
+    fn reset(
+        &self,
+        selector: &Selector,
+        offset: i64,
+        reason: &str,
+    ) -> Result<Vec<(OffsetKey, i64)>, Error> {
+        // Operator actions are rare and must not be lost: always fsynced.
+        self.table
+            .operator_change(selector, Some(offset), reason, |changes| {
+                self.persistence.persist(changes, true)
+            })
+    }
+
+    fn delete(&self, selector: &Selector, reason: &str) -> Result<Vec<(OffsetKey, i64)>, Error> {
+        self.table
+            .operator_change(selector, None, reason, |changes| {
+                self.persistence.persist(changes, true)
+            })
+    }
+
+    fn flush(&self) -> Result<(), Error> {
+        self.persistence.flush()
+    }
 }
 
 const SHARDS: usize = 64;
