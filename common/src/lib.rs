@@ -6,6 +6,7 @@
 //! * [`status`] — the one mapping from errors to `tonic::Status`.
 //! * [`config`] — config file loading and flag precedence.
 //! * [`telemetry`] — tracing and OpenTelemetry initialisation.
+//! * [`metrics`] — the Prometheus exporter.
 //! * [`shutdown`] — the signal-driven cancellation token.
 //!
 //! Code lands here only when two services really share it.
@@ -13,6 +14,7 @@
 pub mod config;
 pub mod frame;
 pub mod keys;
+pub mod metrics;
 pub mod shutdown;
 pub mod status;
 pub mod telemetry;

@@ -11,6 +11,8 @@ use serde::Deserialize;
 
 /// Default gRPC listen address of offset-svc.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:50053";
+/// Default Prometheus listen address of offset-svc.
+pub const DEFAULT_METRICS_LISTEN: &str = "127.0.0.1:9153";
 
 /// Which store implementation backs the service.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum, Deserialize)]
@@ -29,6 +31,8 @@ pub enum StoreKind {
 pub struct Config {
     /// gRPC listen address; port 0 picks a free port (printed on stdout).
     pub listen: SocketAddr,
+    /// Prometheus `/metrics` listen address (served by the binary).
+    pub metrics_listen: SocketAddr,
     /// Directory of the RocksDB database.
     pub data_dir: PathBuf,
     /// Store implementation.
@@ -46,9 +50,9 @@ pub struct Config {
 impl Default for Config {
     fn default() -> Self {
         Config {
-            listen: DEFAULT_LISTEN
-                .parse()
-                .unwrap_or_else(|_| SocketAddr::from(([127, 0, 0, 1], 50053))),
+            // The same values as DEFAULT_LISTEN / DEFAULT_METRICS_LISTEN (a test checks).
+            listen: SocketAddr::from(([127, 0, 0, 1], 50053)),
+            metrics_listen: SocketAddr::from(([127, 0, 0, 1], 9153)),
             data_dir: PathBuf::from("data/offset"),
             store: StoreKind::Rocksdb,
             sync_writes: false,
@@ -73,6 +77,9 @@ pub struct Args {
     /// gRPC listen address [default: 127.0.0.1:50053].
     #[arg(long, env = "EM_OFFSET_LISTEN")]
     pub listen: Option<SocketAddr>,
+    /// Prometheus /metrics listen address [default: 127.0.0.1:9153].
+    #[arg(long, env = "EM_OFFSET_METRICS_LISTEN")]
+    pub metrics_listen: Option<SocketAddr>,
     /// RocksDB directory [default: data/offset].
     #[arg(long, env = "EM_OFFSET_DATA_DIR")]
     pub data_dir: Option<PathBuf>,
@@ -98,6 +105,7 @@ impl Args {
     pub fn into_config(self) -> Result<Config, ConfigError> {
         let mut config: Config = load_file(self.config.as_deref())?;
         apply(&mut config.listen, self.listen);
+        apply(&mut config.metrics_listen, self.metrics_listen);
         apply(&mut config.data_dir, self.data_dir);
         apply(&mut config.store, self.store);
         apply(&mut config.sync_writes, self.sync_writes);
@@ -137,6 +145,10 @@ mod tests {
         assert_eq!(config.data_dir, PathBuf::from("/from/flag"));
         assert!(config.sync_writes, "file value kept where no flag is given");
         assert_eq!(config.listen, DEFAULT_LISTEN.parse().unwrap());
+        assert_eq!(
+            config.metrics_listen,
+            DEFAULT_METRICS_LISTEN.parse().unwrap()
+        );
     }
 
     #[test]

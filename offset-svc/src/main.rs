@@ -10,6 +10,7 @@ use offset_svc::config::Args;
 async fn main() -> anyhow::Result<()> {
     let config = Args::parse().into_config()?;
     let _telemetry = eventmesh_common::telemetry::init("offset-svc", config.log_format)?;
+    eventmesh_common::metrics::install(config.metrics_listen)?;
     let shutdown =
         eventmesh_common::shutdown::on_signals().context("installing signal handlers")?;
     let server = offset_svc::server::start(config, shutdown).await?;

@@ -3,8 +3,16 @@
 //! Every request is validated before it reaches the store; an invalid field is answered with
 //! INVALID_ARGUMENT naming the field (`entries[3].key.topic: ...`) and nothing of the request is
 //! applied. Store calls run on the blocking pool, since RocksDB (and `sync` fsyncs) block.
+//!
+//! Metrics (Prometheus, when the binary installed the exporter):
+//! * `eventmesh_offset_write_batches_total{result="ok"|"invalid"|"error"}`
+//! * `eventmesh_offset_write_entries_total`, `eventmesh_offset_write_advanced_total`
+//! * `eventmesh_offset_write_batch_seconds` — store time of one batch, fsync included
+//! * `eventmesh_offset_keys` — keys stored
+//! * `eventmesh_offset_operator_changes_total{action="reset"|"delete"}` — keys changed
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use eventmesh_common::keys::{KeyError, OffsetClient, OffsetKey, PartitionId, Topic};
 use eventmesh_common::status::FieldError;
@@ -50,6 +58,61 @@ impl OffsetGrpc {
             .await
             .map_err(|err| Status::from(Error::Task(err.to_string())))?
             .map_err(Status::from)
+    }
+    async fn write_offsets_inner(
+        &self,
+        request: pb::WriteOffsetsRequest,
+    ) -> Result<pb::WriteOffsetsResponse, Status> {
+        if request.entries.len() > MAX_BATCH_ENTRIES {
+            return Err(Status::invalid_argument(format!(
+                "batch of {} entries exceeds the limit of {MAX_BATCH_ENTRIES}",
+                request.entries.len()
+            )));
+        }
+        let entries = request
+            .entries
+            .iter()
+            .enumerate()
+            .map(|(i, entry)| {
+                let key = parse_key(&format!("entries[{i}].key"), entry.key.as_ref())?;
+                if entry.offset < 0 {
+                    return Err(FieldError::new(
+                        format!("entries[{i}].offset"),
+                        format!("{} is negative; offsets are MQ offsets >= 0", entry.offset),
+                    ));
+                }
+                Ok((key, entry.offset))
+            })
+            .collect::<Result<Vec<_>, FieldError>>()?;
+        let sync = request.sync || self.force_sync;
+        let entry_count = entries.len() as u64;
+        let (outcomes, keys, elapsed) = self
+            .blocking(move |store| {
+                let started = Instant::now();
+                let outcomes = store.write_batch(&entries, sync)?;
+                Ok((outcomes, store.key_count(), started.elapsed()))
+            })
+            .await?;
+        let advanced = outcomes.iter().filter(|o| o.advanced).count() as u64;
+        metrics::histogram!("eventmesh_offset_write_batch_seconds").record(elapsed.as_secs_f64());
+        metrics::counter!("eventmesh_offset_write_entries_total").increment(entry_count);
+        metrics::counter!("eventmesh_offset_write_advanced_total").increment(advanced);
+        metrics::gauge!("eventmesh_offset_keys").set(keys as f64);
+        Ok(pb::WriteOffsetsResponse {
+            results: outcomes
+                .into_iter()
+                .map(|o| pb::WriteResult {
+                    stored: o.stored,
+                    advanced: o.advanced,
+                })
+                .collect(),
+        })
+    }
+
+    fn record_operator_change(action: &'static str, changed: usize, keys: usize) {
+        metrics::counter!("eventmesh_offset_operator_changes_total", "action" => action)
+            .increment(changed as u64);
+        metrics::gauge!("eventmesh_offset_keys").set(keys as f64);
     }
 }
 
@@ -121,40 +184,14 @@ impl OffsetService for OffsetGrpc {
         request: Request<pb::WriteOffsetsRequest>,
     ) -> Result<Response<pb::WriteOffsetsResponse>, Status> {
         let request = request.into_inner();
-        if request.entries.len() > MAX_BATCH_ENTRIES {
-            return Err(Status::invalid_argument(format!(
-                "batch of {} entries exceeds the limit of {MAX_BATCH_ENTRIES}",
-                request.entries.len()
-            )));
-        }
-        let entries = request
-            .entries
-            .iter()
-            .enumerate()
-            .map(|(i, entry)| {
-                let key = parse_key(&format!("entries[{i}].key"), entry.key.as_ref())?;
-                if entry.offset < 0 {
-                    return Err(FieldError::new(
-                        format!("entries[{i}].offset"),
-                        format!("{} is negative; offsets are MQ offsets >= 0", entry.offset),
-                    ));
-                }
-                Ok((key, entry.offset))
-            })
-            .collect::<Result<Vec<_>, FieldError>>()?;
-        let sync = request.sync || self.force_sync;
-        let outcomes = self
-            .blocking(move |store| store.write_batch(&entries, sync))
-            .await?;
-        Ok(Response::new(pb::WriteOffsetsResponse {
-            results: outcomes
-                .into_iter()
-                .map(|o| pb::WriteResult {
-                    stored: o.stored,
-                    advanced: o.advanced,
-                })
-                .collect(),
-        }))
+        let result = self.write_offsets_inner(request).await;
+        let label = match &result {
+            Ok(_) => "ok",
+            Err(status) if status.code() == tonic::Code::InvalidArgument => "invalid",
+            Err(_) => "error",
+        };
+        metrics::counter!("eventmesh_offset_write_batches_total", "result" => label).increment(1);
+        result.map(Response::new)
     }
 
     #[instrument(skip_all)]
@@ -203,9 +240,12 @@ impl OffsetService for OffsetGrpc {
         let selector = parse_selector(request.selector.as_ref())?;
         let offset = request.offset;
         let reason = request.reason;
-        let previous = self
-            .blocking(move |store| store.reset(&selector, offset, &reason))
+        let (previous, keys) = self
+            .blocking(move |store| {
+                Ok((store.reset(&selector, offset, &reason)?, store.key_count()))
+            })
             .await?;
+        Self::record_operator_change("reset", previous.len(), keys);
         Ok(Response::new(pb::ResetOffsetsResponse {
             previous: previous.into_iter().map(to_entry).collect(),
         }))
@@ -219,9 +259,10 @@ impl OffsetService for OffsetGrpc {
         let request = request.into_inner();
         let selector = parse_selector(request.selector.as_ref())?;
         let reason = request.reason;
-        let removed = self
-            .blocking(move |store| store.delete(&selector, &reason))
+        let (removed, keys) = self
+            .blocking(move |store| Ok((store.delete(&selector, &reason)?, store.key_count())))
             .await?;
+        Self::record_operator_change("delete", removed.len(), keys);
         Ok(Response::new(pb::DeleteOffsetsResponse {
             removed: removed.into_iter().map(to_entry).collect(),
         }))

@@ -116,6 +116,9 @@ pub trait OffsetStore: Send + Sync + 'static {
 
     /// Makes everything written so far durable against an OS crash too.
     fn flush(&self) -> Result<(), Error>;
+
+    /// Number of keys stored.
+    fn key_count(&self) -> usize;
 }
 
 /// A change to persist, in the order given.
@@ -225,6 +228,10 @@ impl<P: Persistence> OffsetStore for TableStore<P> {
 
     fn flush(&self) -> Result<(), Error> {
         self.persistence.flush()
+    }
+
+    fn key_count(&self) -> usize {
+        self.table.len()
     }
 }
 

@@ -27,8 +27,18 @@ struct Service {
 
 impl Service {
     fn start(data_dir: &Path) -> Service {
+        Self::start_with_metrics(data_dir, "127.0.0.1:0")
+    }
+
+    fn start_with_metrics(data_dir: &Path, metrics_listen: &str) -> Service {
         let mut child = Command::new(env!("CARGO_BIN_EXE_offset-svc"))
-            .args(["--listen", "127.0.0.1:0", "--data-dir"])
+            .args([
+                "--listen",
+                "127.0.0.1:0",
+                "--metrics-listen",
+                metrics_listen,
+                "--data-dir",
+            ])
             .arg(data_dir)
             .env("RUST_LOG", "warn")
             .stdout(Stdio::piped())
@@ -152,6 +162,65 @@ async fn acknowledged_writes_survive_kill_minus_nine() {
         .await
         .unwrap();
     verify(&mut reader, &acked, &attempted).await;
+}
+
+#[tokio::test]
+async fn the_binary_serves_prometheus_metrics() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let metrics_addr = format!("127.0.0.1:{port}");
+    let service = Service::start_with_metrics(dir.path(), &metrics_addr);
+    let mut rpc = OffsetServiceClient::connect(format!("http://{}", service.addr))
+        .await
+        .unwrap();
+    rpc.write_offsets(WriteOffsetsRequest {
+        entries: vec![OffsetEntry {
+            key: Some(key(0, 0)),
+            offset: 5,
+        }],
+        sync: true,
+    })
+    .await
+    .unwrap();
+    let body = http_get(&metrics_addr, "/metrics");
+    for expected in [
+        "eventmesh_offset_write_batches_total{result=\"ok\"} 1",
+        "eventmesh_offset_write_entries_total 1",
+        "eventmesh_offset_keys 1",
+        "eventmesh_offset_write_batch_seconds_bucket",
+    ] {
+        assert!(body.contains(expected), "missing {expected:?} in:\n{body}");
+    }
+}
+
+/// A plain HTTP/1.0 GET, enough for the exporter (which binds in the background at start:
+/// retry the connection for a few seconds).
+fn http_get(addr: &str, path: &str) -> String {
+    use std::io::{Read, Write};
+    let mut attempts = 0;
+    let mut stream = loop {
+        match std::net::TcpStream::connect(addr) {
+            Ok(stream) => break stream,
+            Err(err) if attempts < 50 => {
+                attempts += 1;
+                eprintln!("metrics endpoint not up yet: {err}");
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            Err(err) => panic!("metrics endpoint {addr} never came up: {err}"),
+        }
+    };
+    write!(stream, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    assert!(
+        response.starts_with("HTTP/1.0 200") || response.starts_with("HTTP/1.1 200"),
+        "{response}"
+    );
+    response
 }
 
 async fn verify(
