@@ -1,7 +1,8 @@
 //! Offset store benchmark: CAS-max writes of N distinct keys (default 1,000,000) in batches
 //! (default 1,000), compared in the same run against raw RocksDB `WriteBatch` puts of the same
 //! keys and values with the same database options. Reports throughput, the ratio to raw,
-//! p50/p99 batch latency and RSS, with and without `sync`.
+//! p50/p99 batch latency and RSS growth, with and without `sync`. Each configuration runs
+//! `BENCH_ROUNDS` times (default 3), interleaved, and the median round is reported.
 //!
 //! `cargo bench -p offset-svc --bench offset_store` (env: BENCH_KEYS, BENCH_BATCH,
 //! BENCH_GRPC_CONCURRENCY). Method and latest numbers: docs/BENCHMARKS.md.
@@ -40,7 +41,6 @@ struct Run {
     writes: usize,
     elapsed: Duration,
     latencies: Vec<Duration>,
-    rss_after: f64,
 }
 
 impl Run {
@@ -68,7 +68,9 @@ fn keys(n: usize) -> Vec<OffsetKey> {
         .collect()
 }
 
-fn raw_rocksdb(keys: &[OffsetKey], batch: usize, sync: bool) -> Run {
+const PASSES: [&str; 2] = ["new keys", "advancing keys"];
+
+fn raw_rocksdb(keys: &[OffsetKey], batch: usize, sync: bool) -> Vec<Run> {
     let dir = tempfile::tempdir().unwrap();
     let mut options = rocksdb::Options::default();
     options.create_if_missing(true);
@@ -77,67 +79,71 @@ fn raw_rocksdb(keys: &[OffsetKey], batch: usize, sync: bool) -> Run {
     let db = rocksdb::DB::open(&options, dir.path()).unwrap();
     let mut write_options = rocksdb::WriteOptions::default();
     write_options.set_sync(sync);
-    let mut latencies = Vec::new();
-    let start = Instant::now();
-    for (b, chunk) in keys.chunks(batch).enumerate() {
-        let t = Instant::now();
-        let mut wb = rocksdb::WriteBatch::default();
-        for (i, key) in chunk.iter().enumerate() {
-            wb.put(
-                key.to_string().as_bytes(),
-                encode_value((b * batch + i) as i64),
-            );
+    let n = keys.len();
+    let mut runs = Vec::new();
+    for (pass, pass_name) in PASSES.iter().enumerate() {
+        let mut latencies = Vec::new();
+        let start = Instant::now();
+        for (b, chunk) in keys.chunks(batch).enumerate() {
+            let t = Instant::now();
+            let mut wb = rocksdb::WriteBatch::default();
+            for (i, key) in chunk.iter().enumerate() {
+                let value = (pass * n + b * batch + i) as i64;
+                wb.put(key.to_string().as_bytes(), encode_value(value));
+            }
+            db.write_opt(wb, &write_options).unwrap();
+            latencies.push(t.elapsed());
         }
-        db.write_opt(wb, &write_options).unwrap();
-        latencies.push(t.elapsed());
+        runs.push(Run {
+            name: format!(
+                "raw RocksDB WriteBatch put, {pass_name}{}",
+                sync_label(sync)
+            ),
+            writes: n,
+            elapsed: start.elapsed(),
+            latencies,
+        });
     }
-    let elapsed = start.elapsed();
-    Run {
-        name: format!(
-            "raw RocksDB WriteBatch put{}",
-            if sync { ", sync" } else { "" }
-        ),
-        writes: keys.len(),
-        elapsed,
-        latencies,
-        rss_after: rss_mib(),
-    }
+    runs
 }
 
-fn store_writes(keys: &[OffsetKey], batch: usize, sync: bool) -> Run {
-    let dir = tempfile::tempdir().unwrap();
-    let store = RocksDbOffsetStore::open(dir.path()).unwrap();
-    let batches: Vec<Vec<(OffsetKey, i64)>> = keys
-        .chunks(batch)
-        .enumerate()
-        .map(|(b, chunk)| {
-            chunk
+fn sync_label(sync: bool) -> &'static str {
+    if sync { ", sync" } else { "" }
+}
+
+/// Writes every key once per pass into a store at `dir`; one Run per pass.
+fn store_writes(dir: &std::path::Path, keys: &[OffsetKey], batch: usize, sync: bool) -> Vec<Run> {
+    let store = RocksDbOffsetStore::open(dir).unwrap();
+    let n = keys.len();
+    let mut runs = Vec::new();
+    for (pass, pass_name) in PASSES.iter().enumerate() {
+        let mut latencies = Vec::new();
+        let start = Instant::now();
+        for (b, chunk) in keys.chunks(batch).enumerate() {
+            let t = Instant::now();
+            // Building the entries is inside the timing, as formatting keys is for raw.
+            let entries: Vec<(OffsetKey, i64)> = chunk
                 .iter()
                 .enumerate()
-                .map(|(i, k)| (k.clone(), (b * batch + i) as i64))
-                .collect()
-        })
-        .collect();
-    let mut latencies = Vec::new();
-    let start = Instant::now();
-    for entries in &batches {
-        let t = Instant::now();
-        store.write_batch(entries, sync).unwrap();
-        latencies.push(t.elapsed());
+                .map(|(i, k)| (k.clone(), (pass * n + b * batch + i) as i64))
+                .collect();
+            store.write_batch(&entries, sync).unwrap();
+            latencies.push(t.elapsed());
+        }
+        runs.push(Run {
+            name: format!(
+                "RocksDbOffsetStore CAS-max, {pass_name}{}",
+                sync_label(sync)
+            ),
+            writes: n,
+            elapsed: start.elapsed(),
+            latencies,
+        });
     }
-    let elapsed = start.elapsed();
-    Run {
-        name: format!(
-            "RocksDbOffsetStore CAS-max{}",
-            if sync { ", sync" } else { "" }
-        ),
-        writes: keys.len(),
-        elapsed,
-        latencies,
-        rss_after: rss_mib(),
-    }
+    runs
 }
 
+/// The same writes through the gRPC service (new keys only).
 async fn grpc_writes(keys: &[OffsetKey], batch: usize, sync: bool, concurrency: usize) -> Run {
     let dir = tempfile::tempdir().unwrap();
     let config = Config {
@@ -155,26 +161,12 @@ async fn grpc_writes(keys: &[OffsetKey], batch: usize, sync: bool, concurrency: 
             .connect()
             .await
             .unwrap();
-    let requests: Vec<WriteOffsetsRequest> = keys
+    let chunks: Vec<(usize, Vec<OffsetKey>)> = keys
         .chunks(batch)
+        .map(<[OffsetKey]>::to_vec)
         .enumerate()
-        .map(|(b, chunk)| WriteOffsetsRequest {
-            entries: chunk
-                .iter()
-                .enumerate()
-                .map(|(i, k)| OffsetEntry {
-                    key: Some(eventmesh_proto::offset::OffsetKey {
-                        topic: k.topic.to_string(),
-                        client_id: k.client.to_string(),
-                        partition: k.partition.to_string(),
-                    }),
-                    offset: (b * batch + i) as i64,
-                })
-                .collect(),
-            sync,
-        })
         .collect();
-    let queue = Arc::new(std::sync::Mutex::new(requests.into_iter()));
+    let queue = Arc::new(std::sync::Mutex::new(chunks.into_iter()));
     let start = Instant::now();
     let mut tasks = Vec::new();
     for _ in 0..concurrency {
@@ -184,10 +176,25 @@ async fn grpc_writes(keys: &[OffsetKey], batch: usize, sync: bool, concurrency: 
         tasks.push(tokio::spawn(async move {
             let mut latencies = Vec::new();
             loop {
-                let Some(request) = queue.lock().unwrap().next() else {
+                let Some((b, chunk)) = queue.lock().unwrap().next() else {
                     return latencies;
                 };
                 let t = Instant::now();
+                let request = WriteOffsetsRequest {
+                    entries: chunk
+                        .iter()
+                        .enumerate()
+                        .map(|(i, k)| OffsetEntry {
+                            key: Some(eventmesh_proto::offset::OffsetKey {
+                                topic: k.topic.to_string(),
+                                client_id: k.client.to_string(),
+                                partition: k.partition.to_string(),
+                            }),
+                            offset: (b * batch + i) as i64,
+                        })
+                        .collect(),
+                    sync,
+                };
                 client.write_offsets(request).await.unwrap();
                 latencies.push(t.elapsed());
             }
@@ -198,50 +205,123 @@ async fn grpc_writes(keys: &[OffsetKey], batch: usize, sync: bool, concurrency: 
         latencies.extend(task.await.unwrap());
     }
     let elapsed = start.elapsed();
-    let rss_after = rss_mib();
     server.shutdown();
     server.wait().await.unwrap();
     Run {
         name: format!(
-            "offset-svc gRPC WriteOffsets ×{concurrency}{}",
-            if sync { ", sync" } else { "" }
+            "offset-svc gRPC WriteOffsets ×{concurrency}, new keys{}",
+            sync_label(sync)
         ),
         writes: keys.len(),
         elapsed,
         latencies,
-        rss_after,
     }
 }
 
+fn median(mut runs: Vec<Run>) -> Run {
+    runs.sort_by(|a, b| a.per_sec().total_cmp(&b.per_sec()));
+    let middle = runs.len() / 2;
+    runs.swap_remove(middle)
+}
+
+/// Child-process mode: open the store at `dir`, report load time and resident memory.
+fn reopen_report(dir: &str) {
+    let before = rss_mib();
+    let start = Instant::now();
+    let store = RocksDbOffsetStore::open(dir).unwrap();
+    let elapsed = start.elapsed();
+    println!(
+        "{} {:.3} {:.1} {:.1}",
+        store.len(),
+        elapsed.as_secs_f64(),
+        before,
+        rss_mib()
+    );
+}
+
 fn main() {
+    if let Ok(dir) = std::env::var("BENCH_REOPEN_DIR") {
+        return reopen_report(&dir);
+    }
     let n = env_usize("BENCH_KEYS", 1_000_000);
     let batch = env_usize("BENCH_BATCH", 1_000);
     let concurrency = env_usize("BENCH_GRPC_CONCURRENCY", 4);
+    let rounds = env_usize("BENCH_ROUNDS", 3).max(1);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .unwrap();
     let keys = keys(n);
     println!(
-        "# offset store benchmark: {n} distinct keys, batches of {batch}, {} cores",
+        "# offset store benchmark: {n} distinct keys, batches of {batch}, median of {rounds} rounds, {} cores",
         std::thread::available_parallelism().map_or(0, |p| p.get())
     );
-    println!("| run | writes/s | ratio to raw | p50 batch | p99 batch | RSS after (MiB) |");
-    println!("| --- | ---: | ---: | ---: | ---: | ---: |");
+    println!("| run | writes/s | ratio to raw | p50 batch | p99 batch |");
+    println!("| --- | ---: | ---: | ---: | ---: |");
+    let kept = tempfile::tempdir().unwrap();
     for sync in [false, true] {
-        let raw = raw_rocksdb(&keys, batch, sync);
-        let store = store_writes(&keys, batch, sync);
-        let grpc = runtime.block_on(grpc_writes(&keys, batch, sync, concurrency));
-        for run in [&raw, &store, &grpc] {
+        let mut raws: Vec<Vec<Run>> = vec![Vec::new(), Vec::new()];
+        let mut stores: Vec<Vec<Run>> = vec![Vec::new(), Vec::new()];
+        let mut grpcs = Vec::new();
+        for round in 0..rounds {
+            for (pass, run) in raw_rocksdb(&keys, batch, sync).into_iter().enumerate() {
+                raws[pass].push(run);
+            }
+            let dir = tempfile::tempdir().unwrap();
+            // Keep one database of n keys for the reopen measurement below.
+            let path = if round == 0 && !sync {
+                kept.path().to_owned()
+            } else {
+                dir.path().to_owned()
+            };
+            for (pass, run) in store_writes(&path, &keys, batch, sync)
+                .into_iter()
+                .enumerate()
+            {
+                stores[pass].push(run);
+            }
+            grpcs.push(runtime.block_on(grpc_writes(&keys, batch, sync, concurrency)));
+        }
+        let raw: Vec<Run> = raws.into_iter().map(median).collect();
+        let store: Vec<Run> = stores.into_iter().map(median).collect();
+        let grpc = median(grpcs);
+        for (run, baseline) in [
+            (&raw[0], &raw[0]),
+            (&store[0], &raw[0]),
+            (&grpc, &raw[0]),
+            (&raw[1], &raw[1]),
+            (&store[1], &raw[1]),
+        ] {
             println!(
-                "| {} | {:.0} | {:.2} | {:.2} ms | {:.2} ms | {:.0} |",
+                "| {} | {:.0} | {:.2} | {:.2} ms | {:.2} ms |",
                 run.name,
                 run.per_sec(),
-                run.per_sec() / raw.per_sec(),
+                run.per_sec() / baseline.per_sec(),
                 run.percentile(0.5).as_secs_f64() * 1e3,
                 run.percentile(0.99).as_secs_f64() * 1e3,
-                run.rss_after,
             );
         }
     }
+    let output = std::process::Command::new(std::env::current_exe().unwrap())
+        .env("BENCH_REOPEN_DIR", kept.path())
+        .output()
+        .unwrap();
+    let report = String::from_utf8_lossy(&output.stdout);
+    let fields: Vec<&str> = report.split_whitespace().collect();
+    if let [keys_loaded, secs, before, after] = fields[..] {
+        let growth: f64 = after.parse::<f64>().unwrap() - before.parse::<f64>().unwrap();
+        println!(
+            "\nReopen (fresh process): {keys_loaded} keys loaded into the index in {secs} s; resident memory grew by {growth:.0} MiB (total {after} MiB)."
+        );
+    }
+    println!("Benchmark process peak RSS: {:.0} MiB", peak_rss_mib());
+}
+
+fn peak_rss_mib() -> f64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+        .map_or(f64::NAN, |kb| kb / 1024.0)
 }

@@ -16,7 +16,7 @@ use eventmesh_common::shutdown::CancellationToken;
 use eventmesh_proto::offset::offset_service_server::OffsetServiceServer;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
-use tokio_stream::wrappers::TcpListenerStream;
+use tonic::transport::server::TcpIncoming;
 use tonic_health::ServingStatus;
 
 use crate::config::{Config, StoreKind};
@@ -28,6 +28,11 @@ use crate::store::OffsetStore;
 
 /// Largest request or response message, bytes (a full batch of long keys fits).
 pub const MAX_MESSAGE_BYTES: usize = 64 * 1024 * 1024;
+
+/// HTTP/2 per-stream flow-control window, bytes.
+pub const HTTP2_STREAM_WINDOW: u32 = 4 * 1024 * 1024;
+/// HTTP/2 per-connection flow-control window, bytes.
+pub const HTTP2_CONNECTION_WINDOW: u32 = 16 * 1024 * 1024;
 
 /// A started offset-svc.
 pub struct RunningServer {
@@ -119,13 +124,19 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> Result<Runnin
     let drain = CancellationToken::new();
     let server = tonic::transport::Server::builder()
         .tcp_nodelay(true)
+        // Write batches are tens of kilobytes and several are in flight: the 64 KiB HTTP/2
+        // default windows would stall them on flow control.
+        .initial_stream_window_size(Some(HTTP2_STREAM_WINDOW))
+        .initial_connection_window_size(Some(HTTP2_CONNECTION_WINDOW))
         .http2_keepalive_interval(Some(Duration::from_secs(10)))
         .http2_keepalive_timeout(Some(Duration::from_secs(5)))
         .add_service(health_service)
         .add_service(reflection)
         .add_service(grpc)
+        // Our own listener (so port 0 can be reported) does not get the builder's TCP
+        // options: set TCP_NODELAY here, or responses wait on Nagle + delayed ACK (~40 ms).
         .serve_with_incoming_shutdown(
-            TcpListenerStream::new(listener),
+            TcpIncoming::from(listener).with_nodelay(Some(true)),
             drain.clone().cancelled_owned(),
         );
     let timeout = Duration::from_secs(config.shutdown_timeout_secs);
