@@ -303,18 +303,20 @@ pub enum OffsetClient {
 }
 
 impl OffsetClient {
-    /// Parses an application client id or a reserved MQ cursor id.
-    pub fn parse(value: &str) -> Result<Self, KeyError> {
-        if value == MQ_CURSOR_CLIENT {
+    /// Parses an application client id or a reserved MQ cursor id (an owned `String` is
+    /// moved, not copied).
+    pub fn parse<S: AsRef<str> + Into<String>>(value: S) -> Result<Self, KeyError> {
+        let text = value.as_ref();
+        if text == MQ_CURSOR_CLIENT {
             return Ok(OffsetClient::MqCursor(None));
         }
-        if let Some(group) = value
+        if let Some(group) = text
             .strip_prefix(MQ_CURSOR_GROUP_PREFIX)
             .and_then(|rest| rest.strip_suffix(RESERVED_AFFIX))
         {
             return Ok(OffsetClient::MqCursor(Some(GroupName::new(group)?)));
         }
-        ClientId::new(value).map(OffsetClient::Client)
+        ClientId::new(value.into()).map(OffsetClient::Client)
     }
 
     /// The cursor of a group (`None`: the topic's default group).
@@ -372,6 +374,24 @@ impl OffsetKey {
         })
     }
 
+    /// Appends the encoded key (`topic#client#partition`) to `out`, without the formatting
+    /// machinery (this is on the offset store's hot path).
+    pub fn encode_into(&self, out: &mut String) {
+        out.push_str(self.topic.as_str());
+        out.push('#');
+        match &self.client {
+            OffsetClient::Client(id) => out.push_str(id.as_str()),
+            OffsetClient::MqCursor(None) => out.push_str(MQ_CURSOR_CLIENT),
+            OffsetClient::MqCursor(Some(group)) => {
+                out.push_str(MQ_CURSOR_GROUP_PREFIX);
+                out.push_str(group.as_str());
+                out.push_str(RESERVED_AFFIX);
+            }
+        }
+        out.push('#');
+        out.push_str(self.partition.as_str());
+    }
+
     /// The prefix shared by every key of `topic` (`topic#`); unambiguous because topics
     /// cannot contain `#`.
     pub fn topic_prefix(topic: &Topic) -> String {
@@ -386,7 +406,9 @@ impl OffsetKey {
 
 impl fmt::Display for OffsetKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}#{}#{}", self.topic, self.client, self.partition)
+        let mut encoded = String::new();
+        self.encode_into(&mut encoded);
+        f.write_str(&encoded)
     }
 }
 

@@ -70,9 +70,17 @@ fn keys(n: usize) -> Vec<OffsetKey> {
 
 const PASSES: [&str; 2] = ["new keys", "advancing keys"];
 
-fn raw_rocksdb(keys: &[OffsetKey], batch: usize, sync: bool) -> Vec<Run> {
+/// Raw RocksDB writes of every key once per pass: plain puts (the baseline), or, with
+/// `merge`, merge operands under the store's max operator (how much the operator costs).
+fn raw_rocksdb(keys: &[OffsetKey], batch: usize, sync: bool, merge: bool) -> Vec<Run> {
     let dir = tempfile::tempdir().unwrap();
     let mut options = rocksdb::Options::default();
+    if merge {
+        options.set_merge_operator_associative(
+            offset_svc::rocks::MERGE_OPERATOR_NAME,
+            offset_svc::rocks::max_merge,
+        );
+    }
     options.create_if_missing(true);
     options.set_write_buffer_size(64 * 1024 * 1024);
     options.increase_parallelism(2);
@@ -88,15 +96,20 @@ fn raw_rocksdb(keys: &[OffsetKey], batch: usize, sync: bool) -> Vec<Run> {
             let t = Instant::now();
             let mut wb = rocksdb::WriteBatch::default();
             for (i, key) in chunk.iter().enumerate() {
-                let value = (pass * n + b * batch + i) as i64;
-                wb.put(key.to_string().as_bytes(), encode_value(value));
+                let value = encode_value((pass * n + b * batch + i) as i64);
+                if merge {
+                    wb.merge(key.to_string().as_bytes(), value);
+                } else {
+                    wb.put(key.to_string().as_bytes(), value);
+                }
             }
             db.write_opt(wb, &write_options).unwrap();
             latencies.push(t.elapsed());
         }
         runs.push(Run {
             name: format!(
-                "raw RocksDB WriteBatch put, {pass_name}{}",
+                "raw RocksDB WriteBatch {}, {pass_name}{}",
+                if merge { "merge (max operator)" } else { "put" },
                 sync_label(sync)
             ),
             writes: n,
@@ -261,35 +274,60 @@ fn main() {
     let kept = tempfile::tempdir().unwrap();
     for sync in [false, true] {
         let mut raws: Vec<Vec<Run>> = vec![Vec::new(), Vec::new()];
+        let mut merges: Vec<Vec<Run>> = vec![Vec::new(), Vec::new()];
         let mut stores: Vec<Vec<Run>> = vec![Vec::new(), Vec::new()];
         let mut grpcs = Vec::new();
         for round in 0..rounds {
-            for (pass, run) in raw_rocksdb(&keys, batch, sync).into_iter().enumerate() {
-                raws[pass].push(run);
+            // Whoever runs first in a round runs slower (the previous round's databases are
+            // still being torn down): rotate the order so no contender always goes first.
+            for turn in 0..4 {
+                match (round + turn) % 4 {
+                    0 => {
+                        for (pass, run) in raw_rocksdb(&keys, batch, sync, false)
+                            .into_iter()
+                            .enumerate()
+                        {
+                            raws[pass].push(run);
+                        }
+                    }
+                    1 => {
+                        for (pass, run) in raw_rocksdb(&keys, batch, sync, true)
+                            .into_iter()
+                            .enumerate()
+                        {
+                            merges[pass].push(run);
+                        }
+                    }
+                    2 => {
+                        let dir = tempfile::tempdir().unwrap();
+                        // Keep one database of n keys for the reopen measurement below.
+                        let path = if round == 0 && !sync {
+                            kept.path().to_owned()
+                        } else {
+                            dir.path().to_owned()
+                        };
+                        for (pass, run) in store_writes(&path, &keys, batch, sync)
+                            .into_iter()
+                            .enumerate()
+                        {
+                            stores[pass].push(run);
+                        }
+                    }
+                    _ => grpcs.push(runtime.block_on(grpc_writes(&keys, batch, sync, concurrency))),
+                }
             }
-            let dir = tempfile::tempdir().unwrap();
-            // Keep one database of n keys for the reopen measurement below.
-            let path = if round == 0 && !sync {
-                kept.path().to_owned()
-            } else {
-                dir.path().to_owned()
-            };
-            for (pass, run) in store_writes(&path, &keys, batch, sync)
-                .into_iter()
-                .enumerate()
-            {
-                stores[pass].push(run);
-            }
-            grpcs.push(runtime.block_on(grpc_writes(&keys, batch, sync, concurrency)));
         }
         let raw: Vec<Run> = raws.into_iter().map(median).collect();
+        let merge: Vec<Run> = merges.into_iter().map(median).collect();
         let store: Vec<Run> = stores.into_iter().map(median).collect();
         let grpc = median(grpcs);
         for (run, baseline) in [
             (&raw[0], &raw[0]),
+            (&merge[0], &raw[0]),
             (&store[0], &raw[0]),
             (&grpc, &raw[0]),
             (&raw[1], &raw[1]),
+            (&merge[1], &raw[1]),
             (&store[1], &raw[1]),
         ] {
             println!(

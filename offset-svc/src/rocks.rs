@@ -61,7 +61,7 @@ pub fn decode_value(bytes: &[u8]) -> Result<i64, String> {
 /// The merge operator: the maximum of the existing value and every operand. A value that does
 /// not decode fails the merge, which RocksDB reports as corruption on the next read of that
 /// key — loud, instead of silently dropping or regressing an offset.
-fn max_merge(key: &[u8], existing: Option<&[u8]>, operands: &MergeOperands) -> Option<Vec<u8>> {
+pub fn max_merge(key: &[u8], existing: Option<&[u8]>, operands: &MergeOperands) -> Option<Vec<u8>> {
     let mut max: Option<i64> = None;
     for value in existing.into_iter().chain(operands.iter()) {
         match decode_value(value) {

@@ -71,10 +71,10 @@ impl OffsetGrpc {
         }
         let entries = request
             .entries
-            .iter()
+            .into_iter()
             .enumerate()
             .map(|(i, entry)| {
-                let key = parse_key(&format!("entries[{i}].key"), entry.key.as_ref())?;
+                let key = parse_key(|| format!("entries[{i}].key"), entry.key)?;
                 if entry.offset < 0 {
                     return Err(FieldError::new(
                         format!("entries[{i}].offset"),
@@ -120,19 +120,24 @@ fn field<T>(path: impl FnOnce() -> String, result: Result<T, KeyError>) -> Resul
     result.map_err(|err| FieldError::new(path(), err))
 }
 
-fn parse_key(path: &str, key: Option<&pb::OffsetKey>) -> Result<OffsetKey, FieldError> {
+/// Validates a request key, moving its strings; `path` names the field and is only built for
+/// an error.
+fn parse_key(
+    path: impl Fn() -> String,
+    key: Option<pb::OffsetKey>,
+) -> Result<OffsetKey, FieldError> {
     let Some(key) = key else {
-        return Err(FieldError::new(path, "missing"));
+        return Err(FieldError::new(path(), "missing"));
     };
     Ok(OffsetKey::new(
-        field(|| format!("{path}.topic"), Topic::new(key.topic.as_str()))?,
+        field(|| format!("{}.topic", path()), Topic::new(key.topic))?,
         field(
-            || format!("{path}.client_id"),
-            OffsetClient::parse(&key.client_id),
+            || format!("{}.client_id", path()),
+            OffsetClient::parse(key.client_id),
         )?,
         field(
-            || format!("{path}.partition"),
-            PartitionId::new(key.partition.as_str()),
+            || format!("{}.partition", path()),
+            PartitionId::new(key.partition),
         )?,
     ))
 }
@@ -199,7 +204,7 @@ impl OffsetService for OffsetGrpc {
         &self,
         request: Request<pb::ReadOffsetRequest>,
     ) -> Result<Response<pb::ReadOffsetResponse>, Status> {
-        let key = parse_key("key", request.get_ref().key.as_ref())?;
+        let key = parse_key(|| "key".to_owned(), request.into_inner().key)?;
         let offset = self.blocking(move |store| store.read_offset(&key)).await?;
         Ok(Response::new(pb::ReadOffsetResponse { offset }))
     }

@@ -13,13 +13,13 @@
 //! `advanced` says whether it raised the value at its point in the batch, and `stored` is the
 //! key's value after the whole batch (it may be higher still if a concurrent batch raised it).
 
-use std::collections::HashMap;
 use std::hash::BuildHasher;
-use std::sync::Mutex;
+use std::sync::{Mutex, MutexGuard};
 
 // Keys come from clients, so the hasher is seeded per process (no fixed-seed HashDoS), but it
 // is much cheaper than SipHash on these short keys.
 use foldhash::fast::RandomState;
+use hashbrown::HashTable;
 
 use eventmesh_common::keys::{OffsetClient, OffsetKey, PartitionId, Topic};
 
@@ -250,8 +250,9 @@ impl Change<'_> {
 
 const SHARDS: usize = 64;
 
-/// One lock's worth of the table: encoded key → offset.
-type Shard = Mutex<HashMap<Box<str>, i64, RandomState>>;
+/// One lock's worth of the table: (encoded key, offset), placed by a hash computed once per
+/// key and batch (see [`MaxTable::hash`]).
+type Shard = Mutex<HashTable<(Box<str>, i64)>>;
 
 /// A sharded map from encoded key to offset with max-only updates.
 ///
@@ -267,15 +268,19 @@ pub(crate) struct MaxTable {
 impl MaxTable {
     pub(crate) fn new() -> Self {
         MaxTable {
-            shards: (0..SHARDS)
-                .map(|_| Mutex::new(HashMap::with_hasher(RandomState::default())))
-                .collect(),
+            shards: (0..SHARDS).map(|_| Mutex::new(HashTable::new())).collect(),
             hasher: RandomState::default(),
         }
     }
 
-    fn shard(&self, key: &str) -> std::sync::MutexGuard<'_, HashMap<Box<str>, i64, RandomState>> {
-        let index = (self.hasher.hash_one(key) as usize) % SHARDS;
+    fn hash(&self, key: &str) -> u64 {
+        self.hasher.hash_one(key)
+    }
+
+    fn shard(&self, hash: u64) -> MutexGuard<'_, HashTable<(Box<str>, i64)>> {
+        // Bits 32..38 pick the shard: the table itself uses the low bits (bucket) and the top
+        // seven (tag), so the shard choice does not skew either inside a shard.
+        let index = ((hash >> 32) as usize) % SHARDS;
         // A poisoned shard only means another writer panicked between two map operations,
         // each of which leaves the map consistent; keep serving.
         self.shards[index]
@@ -284,21 +289,49 @@ impl MaxTable {
     }
 
     pub(crate) fn get(&self, key: &str) -> Option<i64> {
-        self.shard(key).get(key).copied()
+        self.get_hashed(key, self.hash(key))
+    }
+
+    fn get_hashed(&self, key: &str, hash: u64) -> Option<i64> {
+        self.shard(hash)
+            .find(hash, |(k, _)| **k == *key)
+            .map(|(_, v)| *v)
     }
 
     /// Raises `key` to at least `value`; returns the value now held.
     pub(crate) fn raise(&self, key: &str, value: i64) -> i64 {
-        let mut shard = self.shard(key);
-        match shard.get_mut(key) {
-            Some(current) => {
+        self.raise_hashed(key, self.hash(key), value)
+    }
+
+    fn raise_hashed(&self, key: &str, hash: u64, value: i64) -> i64 {
+        let mut shard = self.shard(hash);
+        match shard.find_mut(hash, |(k, _)| **k == *key) {
+            Some((_, current)) => {
                 *current = (*current).max(value);
                 *current
             }
             None => {
-                shard.insert(key.into(), value);
+                shard.insert_unique(hash, (key.into(), value), |(k, _)| self.hash(k));
                 value
             }
+        }
+    }
+
+    fn set(&self, key: &str, value: i64) {
+        let hash = self.hash(key);
+        let mut shard = self.shard(hash);
+        match shard.find_mut(hash, |(k, _)| **k == *key) {
+            Some((_, current)) => *current = value,
+            None => {
+                shard.insert_unique(hash, (key.into(), value), |(k, _)| self.hash(k));
+            }
+        }
+    }
+
+    fn remove(&self, key: &str) {
+        let hash = self.hash(key);
+        if let Ok(entry) = self.shard(hash).find_entry(hash, |(k, _)| **k == *key) {
+            entry.remove();
         }
     }
 
@@ -307,12 +340,8 @@ impl MaxTable {
             Change::Max(key, value) => {
                 self.raise(key, *value);
             }
-            Change::Set(key, value) => {
-                self.shard(key).insert((*key).into(), *value);
-            }
-            Change::Delete(key) => {
-                self.shard(key).remove(*key);
-            }
+            Change::Set(key, value) => self.set(key, *value),
+            Change::Delete(key) => self.remove(key),
         }
     }
 
@@ -343,12 +372,18 @@ impl MaxTable {
 
     /// Runs a CAS-max batch: computes what raises which key, persists those raises with
     /// `persist` (nothing is persisted when nothing rises), then publishes them.
+    ///
+    /// Hot path. The batch's keys are encoded into one buffer; entry indices are sorted by key
+    /// (ties in batch order), which groups repeated keys for the in-order CAS-max and hands
+    /// RocksDB its writes in key order (its memtable inserts ordered keys much faster); each
+    /// distinct key is hashed once for both index lookups.
     pub(crate) fn write_batch(
         &self,
         entries: &[(OffsetKey, i64)],
         persist: impl FnOnce(&[Change<'_>]) -> Result<(), Error>,
     ) -> Result<Vec<WriteOutcome>, Error> {
-        let mut keys = Vec::with_capacity(entries.len());
+        let mut arena = String::with_capacity(entries.len() * 40);
+        let mut spans = Vec::with_capacity(entries.len());
         for (key, offset) in entries {
             if *offset < 0 {
                 return Err(Error::NegativeOffset {
@@ -356,46 +391,65 @@ impl MaxTable {
                     offset: *offset,
                 });
             }
-            keys.push(key.to_string());
+            let start = arena.len();
+            key.encode_into(&mut arena);
+            spans.push(start..arena.len());
         }
-        // Per distinct key: (value before the batch, running value).
-        let mut running: HashMap<&str, (i64, i64), RandomState> =
-            HashMap::with_capacity_and_hasher(keys.len(), RandomState::default());
-        let mut advanced = Vec::with_capacity(keys.len());
-        for (key, (_, offset)) in keys.iter().zip(entries) {
-            let slot = running.entry(key.as_str()).or_insert_with(|| {
-                let held = self.get(key).unwrap_or(UNKNOWN_OFFSET);
-                (held, held)
-            });
-            let raised = *offset > slot.1;
-            if raised {
-                slot.1 = *offset;
+        let key_of = |entry: usize| &arena[spans[entry].clone()];
+        let mut order: Vec<usize> = (0..entries.len()).collect();
+        order.sort_unstable_by(|&a, &b| key_of(a).cmp(key_of(b)).then(a.cmp(&b)));
+
+        struct Distinct {
+            entry: usize,
+            hash: u64,
+            before: i64,
+            after: i64,
+        }
+        let mut distinct: Vec<Distinct> = Vec::with_capacity(entries.len());
+        let mut slot_of_entry = vec![0usize; entries.len()];
+        let mut advanced = vec![false; entries.len()];
+        let mut run = 0;
+        while run < order.len() {
+            let key = key_of(order[run]);
+            let hash = self.hash(key);
+            let before = self.get_hashed(key, hash).unwrap_or(UNKNOWN_OFFSET);
+            let mut after = before;
+            let mut next = run;
+            while next < order.len() && key_of(order[next]) == key {
+                let entry = order[next];
+                let offset = entries[entry].1;
+                if offset > after {
+                    after = offset;
+                    advanced[entry] = true;
+                }
+                slot_of_entry[entry] = distinct.len();
+                next += 1;
             }
-            advanced.push(raised);
+            distinct.push(Distinct {
+                entry: order[run],
+                hash,
+                before,
+                after,
+            });
+            run = next;
         }
-        let mut raises: Vec<Change<'_>> = running
+        let raises: Vec<Change<'_>> = distinct
             .iter()
-            .filter(|(_, (before, after))| after > before)
-            .map(|(key, (_, after))| Change::Max(key, *after))
+            .filter(|d| d.after > d.before)
+            .map(|d| Change::Max(key_of(d.entry), d.after))
             .collect();
-        // In key order: RocksDB's memtable skiplist inserts ordered keys far faster than the
-        // hash map's random order (measured: see docs/BENCHMARKS.md).
-        raises.sort_unstable_by(|a, b| a.key().cmp(b.key()));
         if !raises.is_empty() {
             persist(&raises)?;
         }
-        // Publish, and keep what is stored now (a concurrent batch may have gone higher).
-        for (key, (_, value)) in running.iter_mut() {
-            *value = self.raise(key, *value);
+        // Publish the raises, and keep what is stored now (a concurrent batch may have gone
+        // higher). A key that did not rise already holds `before`, which is what is stored.
+        for d in distinct.iter_mut().filter(|d| d.after > d.before) {
+            d.after = self.raise_hashed(key_of(d.entry), d.hash, d.after);
         }
-        Ok(keys
-            .iter()
-            .zip(advanced)
-            .map(|(key, advanced)| WriteOutcome {
-                stored: running
-                    .get(key.as_str())
-                    .map_or(UNKNOWN_OFFSET, |(_, stored)| *stored),
-                advanced,
+        Ok((0..entries.len())
+            .map(|entry| WriteOutcome {
+                stored: distinct[slot_of_entry[entry]].after,
+                advanced: advanced[entry],
             })
             .collect())
     }
