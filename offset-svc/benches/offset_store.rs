@@ -41,6 +41,8 @@ struct Run {
     writes: usize,
     elapsed: Duration,
     latencies: Vec<Duration>,
+    /// Slowest and fastest writes/s over the rounds (set by `median`).
+    spread: (f64, f64),
 }
 
 impl Run {
@@ -115,6 +117,7 @@ fn raw_rocksdb(keys: &[OffsetKey], batch: usize, sync: bool, merge: bool) -> Vec
             writes: n,
             elapsed: start.elapsed(),
             latencies,
+            spread: (0.0, 0.0),
         });
     }
     runs
@@ -151,6 +154,7 @@ fn store_writes(dir: &std::path::Path, keys: &[OffsetKey], batch: usize, sync: b
             writes: n,
             elapsed: start.elapsed(),
             latencies,
+            spread: (0.0, 0.0),
         });
     }
     runs
@@ -228,13 +232,18 @@ async fn grpc_writes(keys: &[OffsetKey], batch: usize, sync: bool, concurrency: 
         writes: keys.len(),
         elapsed,
         latencies,
+        spread: (0.0, 0.0),
     }
 }
 
+/// The median round, with the spread (slowest and fastest writes/s) of all rounds.
 fn median(mut runs: Vec<Run>) -> Run {
     runs.sort_by(|a, b| a.per_sec().total_cmp(&b.per_sec()));
+    let spread = (runs[0].per_sec(), runs[runs.len() - 1].per_sec());
     let middle = runs.len() / 2;
-    runs.swap_remove(middle)
+    let mut run = runs.swap_remove(middle);
+    run.spread = spread;
+    run
 }
 
 /// Child-process mode: open the store at `dir`, report load time and resident memory.
@@ -269,8 +278,8 @@ fn main() {
         "# offset store benchmark: {n} distinct keys, batches of {batch}, median of {rounds} rounds, {} cores",
         std::thread::available_parallelism().map_or(0, |p| p.get())
     );
-    println!("| run | writes/s | ratio to raw | p50 batch | p99 batch |");
-    println!("| --- | ---: | ---: | ---: | ---: |");
+    println!("| run | writes/s (median) | rounds' range | ratio to raw | p50 batch | p99 batch |");
+    println!("| --- | ---: | ---: | ---: | ---: | ---: |");
     let kept = tempfile::tempdir().unwrap();
     for sync in [false, true] {
         let mut raws: Vec<Vec<Run>> = vec![Vec::new(), Vec::new()];
@@ -331,9 +340,11 @@ fn main() {
             (&store[1], &raw[1]),
         ] {
             println!(
-                "| {} | {:.0} | {:.2} | {:.2} ms | {:.2} ms |",
+                "| {} | {:.0} | {:.0}–{:.0} | {:.2} | {:.2} ms | {:.2} ms |",
                 run.name,
                 run.per_sec(),
+                run.spread.0,
+                run.spread.1,
                 run.per_sec() / baseline.per_sec(),
                 run.percentile(0.5).as_secs_f64() * 1e3,
                 run.percentile(0.99).as_secs_f64() * 1e3,
