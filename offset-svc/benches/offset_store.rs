@@ -27,11 +27,12 @@ fn env_usize(name: &str, default: usize) -> usize {
         .unwrap_or(default)
 }
 
-fn rss_mib() -> f64 {
+/// A memory figure of this process from /proc/self/status (`VmRSS`, `VmHWM`), in MiB.
+fn proc_status_mib(field: &str) -> f64 {
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
     status
         .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
         .map_or(f64::NAN, |kb| kb / 1024.0)
 }
@@ -72,6 +73,42 @@ fn keys(n: usize) -> Vec<OffsetKey> {
 
 const PASSES: [&str; 2] = ["new keys", "advancing keys"];
 
+/// Writes every key once per pass, in batches, timing each batch. `write` gets the value of
+/// the chunk's first key (values ascend through the whole run) and the chunk.
+fn timed_passes(
+    label: &str,
+    sync: bool,
+    keys: &[OffsetKey],
+    batch: usize,
+    mut write: impl FnMut(usize, &[OffsetKey]),
+) -> Vec<Run> {
+    let n = keys.len();
+    PASSES
+        .iter()
+        .enumerate()
+        .map(|(pass, pass_name)| {
+            let mut latencies = Vec::new();
+            let start = Instant::now();
+            for (b, chunk) in keys.chunks(batch).enumerate() {
+                let t = Instant::now();
+                write(pass * n + b * batch, chunk);
+                latencies.push(t.elapsed());
+            }
+            Run {
+                name: format!("{label}, {pass_name}{}", sync_label(sync)),
+                writes: n,
+                elapsed: start.elapsed(),
+                latencies,
+                spread: (0.0, 0.0),
+            }
+        })
+        .collect()
+}
+
+fn sync_label(sync: bool) -> &'static str {
+    if sync { ", sync" } else { "" }
+}
+
 /// Raw RocksDB writes of every key once per pass: plain puts (the baseline), or, with
 /// `merge`, merge operands under the store's max operator (how much the operator costs).
 fn raw_rocksdb(keys: &[OffsetKey], batch: usize, sync: bool, merge: bool) -> Vec<Run> {
@@ -89,75 +126,43 @@ fn raw_rocksdb(keys: &[OffsetKey], batch: usize, sync: bool, merge: bool) -> Vec
     let db = rocksdb::DB::open(&options, dir.path()).unwrap();
     let mut write_options = rocksdb::WriteOptions::default();
     write_options.set_sync(sync);
-    let n = keys.len();
-    let mut runs = Vec::new();
-    for (pass, pass_name) in PASSES.iter().enumerate() {
-        let mut latencies = Vec::new();
-        let start = Instant::now();
-        for (b, chunk) in keys.chunks(batch).enumerate() {
-            let t = Instant::now();
-            let mut wb = rocksdb::WriteBatch::default();
-            for (i, key) in chunk.iter().enumerate() {
-                let value = encode_value((pass * n + b * batch + i) as i64);
-                if merge {
-                    wb.merge(key.to_string().as_bytes(), value);
-                } else {
-                    wb.put(key.to_string().as_bytes(), value);
-                }
+    let label = if merge {
+        "raw RocksDB WriteBatch merge (max operator)"
+    } else {
+        "raw RocksDB WriteBatch put"
+    };
+    timed_passes(label, sync, keys, batch, |first, chunk| {
+        let mut wb = rocksdb::WriteBatch::default();
+        for (i, key) in chunk.iter().enumerate() {
+            let value = encode_value((first + i) as i64);
+            if merge {
+                wb.merge(key.to_string().as_bytes(), value);
+            } else {
+                wb.put(key.to_string().as_bytes(), value);
             }
-            db.write_opt(wb, &write_options).unwrap();
-            latencies.push(t.elapsed());
         }
-        runs.push(Run {
-            name: format!(
-                "raw RocksDB WriteBatch {}, {pass_name}{}",
-                if merge { "merge (max operator)" } else { "put" },
-                sync_label(sync)
-            ),
-            writes: n,
-            elapsed: start.elapsed(),
-            latencies,
-            spread: (0.0, 0.0),
-        });
-    }
-    runs
+        db.write_opt(wb, &write_options).unwrap();
+    })
 }
 
-fn sync_label(sync: bool) -> &'static str {
-    if sync { ", sync" } else { "" }
-}
-
-/// Writes every key once per pass into a store at `dir`; one Run per pass.
+/// Writes every key once per pass into a store at `dir`; one Run per pass. Building the
+/// entries is inside the timing, as formatting keys is for raw.
 fn store_writes(dir: &std::path::Path, keys: &[OffsetKey], batch: usize, sync: bool) -> Vec<Run> {
     let store = RocksDbOffsetStore::open(dir).unwrap();
-    let n = keys.len();
-    let mut runs = Vec::new();
-    for (pass, pass_name) in PASSES.iter().enumerate() {
-        let mut latencies = Vec::new();
-        let start = Instant::now();
-        for (b, chunk) in keys.chunks(batch).enumerate() {
-            let t = Instant::now();
-            // Building the entries is inside the timing, as formatting keys is for raw.
+    timed_passes(
+        "RocksDbOffsetStore CAS-max",
+        sync,
+        keys,
+        batch,
+        |first, chunk| {
             let entries: Vec<(OffsetKey, i64)> = chunk
                 .iter()
                 .enumerate()
-                .map(|(i, k)| (k.clone(), (pass * n + b * batch + i) as i64))
+                .map(|(i, k)| (k.clone(), (first + i) as i64))
                 .collect();
             store.write_batch(&entries, sync).unwrap();
-            latencies.push(t.elapsed());
-        }
-        runs.push(Run {
-            name: format!(
-                "RocksDbOffsetStore CAS-max, {pass_name}{}",
-                sync_label(sync)
-            ),
-            writes: n,
-            elapsed: start.elapsed(),
-            latencies,
-            spread: (0.0, 0.0),
-        });
-    }
-    runs
+        },
+    )
 }
 
 /// The same writes through the gRPC service (new keys only).
@@ -248,7 +253,7 @@ fn median(mut runs: Vec<Run>) -> Run {
 
 /// Child-process mode: open the store at `dir`, report load time and resident memory.
 fn reopen_report(dir: &str) {
-    let before = rss_mib();
+    let before = proc_status_mib("VmRSS");
     let start = Instant::now();
     let store = RocksDbOffsetStore::open(dir).unwrap();
     let elapsed = start.elapsed();
@@ -257,7 +262,7 @@ fn reopen_report(dir: &str) {
         store.len(),
         elapsed.as_secs_f64(),
         before,
-        rss_mib()
+        proc_status_mib("VmRSS")
     );
 }
 
@@ -363,14 +368,8 @@ fn main() {
             "\nReopen (fresh process): {keys_loaded} keys loaded into the index in {secs} s; resident memory grew by {growth:.0} MiB (total {after} MiB)."
         );
     }
-    println!("Benchmark process peak RSS: {:.0} MiB", peak_rss_mib());
-}
-
-fn peak_rss_mib() -> f64 {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
-        .map_or(f64::NAN, |kb| kb / 1024.0)
+    println!(
+        "Benchmark process peak RSS: {:.0} MiB",
+        proc_status_mib("VmHWM")
+    );
 }
