@@ -12,6 +12,9 @@
 //! * [`properties`] — a `java.util.Properties`-compatible text codec.
 //! * [`checkpoint`] — the versioned, atomically replaced cursor files, with unusable files set
 //!   aside instead of crashing or being half-used.
+//! * [`local_log`] — the partition log of the embedded backend (segments, CRC, torn-tail
+//!   recovery, retention); topics, lite sub-logs and the `Storage` trait around it are not yet.
 
 pub mod checkpoint;
+pub mod local_log;
 pub mod properties;

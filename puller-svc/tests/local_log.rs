@@ -1,0 +1,306 @@
+//! The local log: append/read, reopen, torn-tail recovery, corruption in sealed segments,
+//! rolling and retention, limits, and a real `kill -9` in the middle of a stream of appends.
+
+#![allow(clippy::unwrap_used)] // tests: a failed unwrap is a failed test
+
+use std::fs::OpenOptions;
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Command, Stdio};
+
+use puller_svc::local_log::{LogError, LogSettings, PartitionLog};
+
+fn settings() -> LogSettings {
+    LogSettings {
+        segment_bytes: 1024 * 1024,
+        retention_bytes: None,
+        retention_ms: None,
+        sync: false,
+    }
+}
+
+fn body(i: i64) -> Vec<u8> {
+    format!("record-{i}-{}", "x".repeat((i % 7) as usize)).into_bytes()
+}
+
+#[test]
+fn appends_get_sequential_offsets_and_read_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut log = PartitionLog::open(dir.path(), settings()).unwrap();
+    assert_eq!((log.start_offset(), log.end_offset()), (0, 0));
+    for i in 0..100 {
+        assert_eq!(
+            log.append(format!("k{i}").as_bytes(), &body(i), 1000 + i)
+                .unwrap(),
+            i
+        );
+    }
+    let records = log.read(40, 10, usize::MAX).unwrap();
+    assert_eq!(records.len(), 10);
+    for (n, record) in records.iter().enumerate() {
+        let i = 40 + n as i64;
+        assert_eq!(record.offset, i);
+        assert_eq!(record.timestamp_ms, 1000 + i);
+        assert_eq!(&record.key[..], format!("k{i}").as_bytes());
+        assert_eq!(&record.body[..], &body(i)[..]);
+    }
+    assert_eq!(log.read(99, 10, usize::MAX).unwrap().len(), 1);
+    assert!(
+        log.read(100, 10, usize::MAX).unwrap().is_empty(),
+        "at the end: nothing"
+    );
+    assert_eq!(
+        log.read(0, 100, 1).unwrap().len(),
+        1,
+        "max_bytes still returns one record"
+    );
+}
+
+#[test]
+fn reopening_keeps_records_and_continues_offsets() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let mut log = PartitionLog::open(dir.path(), settings()).unwrap();
+        for i in 0..5 {
+            log.append(b"", &body(i), i).unwrap();
+        }
+    }
+    let mut log = PartitionLog::open(dir.path(), settings()).unwrap();
+    assert_eq!(log.end_offset(), 5);
+    assert_eq!(log.append(b"", &body(5), 5).unwrap(), 5);
+    let all = log.read(0, 100, usize::MAX).unwrap();
+    assert_eq!(
+        all.iter().map(|r| r.offset).collect::<Vec<_>>(),
+        [0, 1, 2, 3, 4, 5]
+    );
+}
+
+fn append_raw(path: &std::path::Path, bytes: &[u8]) {
+    OpenOptions::new()
+        .append(true)
+        .open(path)
+        .unwrap()
+        .write_all(bytes)
+        .unwrap();
+}
+
+#[test]
+fn a_torn_tail_is_truncated_and_appends_continue() {
+    let dir = tempfile::tempdir().unwrap();
+    let segment = {
+        let mut log = PartitionLog::open(dir.path(), settings()).unwrap();
+        for i in 0..3 {
+            log.append(b"k", &body(i), i).unwrap();
+        }
+        log.segment_paths()[0].clone()
+    };
+    let good_len = std::fs::metadata(&segment).unwrap().len();
+    // Half a record header, as a kill in the middle of a write could leave.
+    append_raw(&segment, &[0, 0, 0, 40, 1, 2]);
+    let mut log = PartitionLog::open(dir.path(), settings()).unwrap();
+    assert_eq!(log.end_offset(), 3);
+    assert_eq!(
+        std::fs::metadata(&segment).unwrap().len(),
+        good_len,
+        "tail truncated"
+    );
+    assert_eq!(log.append(b"k", &body(3), 3).unwrap(), 3);
+    assert_eq!(log.read(3, 1, usize::MAX).unwrap()[0].body, body(3));
+}
+
+#[test]
+fn a_last_record_failing_its_crc_is_dropped() {
+    let dir = tempfile::tempdir().unwrap();
+    let segment = {
+        let mut log = PartitionLog::open(dir.path(), settings()).unwrap();
+        for i in 0..3 {
+            log.append(b"k", &body(i), i).unwrap();
+        }
+        log.segment_paths()[0].clone()
+    };
+    let mut bytes = std::fs::read(&segment).unwrap();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 0xFF;
+    std::fs::write(&segment, &bytes).unwrap();
+    let log = PartitionLog::open(dir.path(), settings()).unwrap();
+    assert_eq!(
+        log.end_offset(),
+        2,
+        "the damaged (unacknowledgeable) tail record is gone"
+    );
+    assert_eq!(log.read(0, 10, usize::MAX).unwrap().len(), 2);
+}
+
+#[test]
+fn corruption_in_a_sealed_segment_fails_the_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let small = LogSettings {
+        segment_bytes: 100,
+        ..settings()
+    };
+    let first = {
+        let mut log = PartitionLog::open(dir.path(), small).unwrap();
+        for i in 0..20 {
+            log.append(b"k", &body(i), i).unwrap();
+        }
+        assert!(log.segment_paths().len() > 2);
+        log.segment_paths()[0].clone()
+    };
+    let mut bytes = std::fs::read(&first).unwrap();
+    bytes[20] ^= 0xFF;
+    std::fs::write(&first, &bytes).unwrap();
+    let err = PartitionLog::open(dir.path(), small)
+        .err()
+        .expect("must refuse to open");
+    assert!(matches!(err, LogError::Corrupt { .. }), "{err}");
+    assert!(err.to_string().contains("CRC mismatch"), "{err}");
+}
+
+#[test]
+fn retention_by_bytes_drops_old_segments_and_reports_the_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let settings = LogSettings {
+        segment_bytes: 200,
+        retention_bytes: Some(600),
+        ..settings()
+    };
+    let mut log = PartitionLog::open(dir.path(), settings).unwrap();
+    for i in 0..100 {
+        log.append(b"k", &body(i), i).unwrap();
+    }
+    let start = log.start_offset();
+    assert!(start > 0, "old segments removed");
+    assert_eq!(log.end_offset(), 100);
+    assert!(log.segment_paths().len() <= 5, "{:?}", log.segment_paths());
+    match log.read(0, 10, usize::MAX) {
+        Err(LogError::OffsetOutOfRange {
+            requested: 0,
+            start: s,
+        }) => assert_eq!(s, start),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(log.read(start, 1, usize::MAX).unwrap()[0].offset, start);
+    drop(log);
+    // Retention also runs at open, so the start may move on; nothing else changes.
+    let log = PartitionLog::open(dir.path(), settings).unwrap();
+    assert!(
+        log.start_offset() >= start,
+        "{} < {start}",
+        log.start_offset()
+    );
+    assert_eq!(log.end_offset(), 100, "survives reopen");
+    let first = log.read(log.start_offset(), 1, usize::MAX).unwrap();
+    assert_eq!(first[0].body, body(log.start_offset()));
+}
+
+#[test]
+fn retention_by_age_keeps_the_active_segment() {
+    let dir = tempfile::tempdir().unwrap();
+    let settings = LogSettings {
+        segment_bytes: 100,
+        retention_ms: Some(1_000),
+        ..settings()
+    };
+    let mut log = PartitionLog::open(dir.path(), settings).unwrap();
+    for i in 0..10 {
+        log.append(b"k", &body(i), 0).unwrap();
+    }
+    log.enforce_retention(1_000_000).unwrap();
+    assert_eq!(
+        log.segment_paths().len(),
+        1,
+        "only the active segment remains"
+    );
+    assert_eq!(log.end_offset(), 10);
+}
+
+#[test]
+fn oversized_records_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut log = PartitionLog::open(dir.path(), settings()).unwrap();
+    let huge = vec![0u8; puller_svc::local_log::partition::MAX_BODY_BYTES + 1];
+    assert!(matches!(
+        log.append(b"", &huge, 0),
+        Err(LogError::TooLarge { what: "body", .. })
+    ));
+    assert_eq!(log.end_offset(), 0, "nothing written");
+}
+
+const CHILD_DIR: &str = "LOCAL_LOG_WRITER_DIR";
+
+/// Not a test of its own: the writer process of the kill -9 test (does nothing otherwise).
+#[test]
+fn writer_child() {
+    let Ok(dir) = std::env::var(CHILD_DIR) else {
+        return;
+    };
+    let mut log = PartitionLog::open(
+        &dir,
+        LogSettings {
+            segment_bytes: 64 * 1024,
+            ..settings()
+        },
+    )
+    .unwrap();
+    let mut stdout = std::io::stdout().lock();
+    for i in log.end_offset().. {
+        let offset = log.append(b"k", &body(i), i).unwrap();
+        // libtest may have printed a partial line already: mark ours.
+        writeln!(stdout, "\nACK {offset}").unwrap();
+        stdout.flush().unwrap();
+    }
+}
+
+#[test]
+fn acknowledged_appends_survive_kill_minus_nine() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut acknowledged = -1i64;
+    for round in 0..3 {
+        let mut child = Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "writer_child",
+                "--nocapture",
+                "--test-threads",
+                "1",
+            ])
+            .env(CHILD_DIR, dir.path())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        let mut seen = 0;
+        while let Some(Ok(line)) = lines.next() {
+            if let Some(Ok(offset)) = line.strip_prefix("ACK ").map(str::parse::<i64>) {
+                assert_eq!(
+                    offset,
+                    acknowledged + 1,
+                    "offsets are dense across restarts"
+                );
+                acknowledged = offset;
+                seen += 1;
+                if seen == 2_000 + round * 500 {
+                    break;
+                }
+            }
+        }
+        child.kill().unwrap(); // SIGKILL
+        child.wait().unwrap();
+        let log = PartitionLog::open(dir.path(), settings()).unwrap();
+        assert!(
+            log.end_offset() > acknowledged,
+            "acknowledged {acknowledged}, log ends at {}",
+            log.end_offset()
+        );
+        for record in log.read(0, usize::MAX, usize::MAX).unwrap() {
+            assert_eq!(
+                record.body,
+                body(record.offset),
+                "record {} intact",
+                record.offset
+            );
+        }
+        // Resume after anything written but not yet reported before the kill.
+        acknowledged = log.end_offset() - 1;
+    }
+}

@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# A real Kafka-compatible broker for tests: tansu 0.6.0 (crates.io) with in-memory storage,
+# listening on 127.0.0.1 only.
+#
+#   scripts/kafka.sh install          # build tansu into the tool cache once (about 11 min)
+#   scripts/kafka.sh start DIR [PORT] # start it in DIR (logs, pid file); waits until ready
+#   scripts/kafka.sh stop DIR         # stop the broker started in DIR, by its pid
+#
+# Memory storage: every restart starts empty. Idempotent: install skips a matching binary,
+# start refuses a DIR whose broker is still running.
+source "$(dirname "$0")/common.sh"
+
+TANSU_VERSION=0.6.0
+TANSU="$EM_TOOLS/bin/tansu"
+
+install_tansu() {
+  if [ -x "$TANSU" ] && "$TANSU" --version 2>/dev/null | grep -q "^tansu $TANSU_VERSION\$"; then
+    return 0
+  fi
+  ensure_apt build-essential pkg-config cmake
+  log "building tansu $TANSU_VERSION into $EM_TOOLS (once per machine, about 11 minutes)"
+  # Its own target dir, so it never waits on (or evicts) the project's build cache.
+  CARGO_TARGET_DIR="$EM_CACHE/install-target" cargo install tansu --version "$TANSU_VERSION" \
+    --locked --no-default-features --features dynostore --root "$EM_TOOLS"
+}
+
+start_tansu() {
+  local dir="$1" port="${2:-9092}"
+  mkdir -p "$dir"
+  if [ -f "$dir/tansu.pid" ] && kill -0 "$(cat "$dir/tansu.pid")" 2>/dev/null; then
+    echo "tansu already running in $dir (pid $(cat "$dir/tansu.pid"))" >&2
+    return 1
+  fi
+  install_tansu
+  # tansu reads a .env file from its working directory: run it in its own empty directory.
+  (cd "$dir" && exec "$TANSU" broker \
+      --listener-url "tcp://127.0.0.1:$port" \
+      --advertised-listener-url "tcp://127.0.0.1:$port" \
+      --storage-engine memory://tansu/ >"$dir/tansu.log" 2>&1) &
+  echo $! >"$dir/tansu.pid"
+  for _ in $(seq 1 300); do
+    if (echo >"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
+      log "tansu ready on 127.0.0.1:$port (pid $(cat "$dir/tansu.pid"))"
+      return 0
+    fi
+    kill -0 "$(cat "$dir/tansu.pid")" 2>/dev/null || break
+    sleep 0.1
+  done
+  echo "tansu did not become ready on 127.0.0.1:$port; log tail:" >&2
+  tail -20 "$dir/tansu.log" >&2
+  stop_tansu "$dir"
+  return 1
+}
+
+stop_tansu() {
+  local dir="$1" pid
+  [ -f "$dir/tansu.pid" ] || return 0
+  pid="$(cat "$dir/tansu.pid")"
+  if kill -TERM "$pid" 2>/dev/null; then
+    for _ in $(seq 1 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    kill -KILL "$pid" 2>/dev/null || true
+  fi
+  rm -f "$dir/tansu.pid"
+}
+
+case "${1:-}" in
+  install) install_tansu ;;
+  start) start_tansu "${2:?usage: kafka.sh start DIR [PORT]}" "${3:-9092}" ;;
+  stop) stop_tansu "${2:?usage: kafka.sh stop DIR}" ;;
+  *) echo "usage: $0 install | start DIR [PORT] | stop DIR" >&2; exit 2 ;;
+esac
