@@ -18,6 +18,15 @@ fn settings() -> LogSettings {
     }
 }
 
+/// Opens a log in `dir` and appends records 0..n (key `k`, body `body(i)`, timestamp `i`).
+fn filled(dir: &std::path::Path, settings: LogSettings, n: i64) -> PartitionLog {
+    let mut log = PartitionLog::open(dir, settings).unwrap();
+    for i in 0..n {
+        assert_eq!(log.append(b"k", &body(i), i).unwrap(), i);
+    }
+    log
+}
+
 fn body(i: i64) -> Vec<u8> {
     format!("record-{i}-{}", "x".repeat((i % 7) as usize)).into_bytes()
 }
@@ -87,10 +96,7 @@ fn append_raw(path: &std::path::Path, bytes: &[u8]) {
 fn a_torn_tail_is_truncated_and_appends_continue() {
     let dir = tempfile::tempdir().unwrap();
     let segment = {
-        let mut log = PartitionLog::open(dir.path(), settings()).unwrap();
-        for i in 0..3 {
-            log.append(b"k", &body(i), i).unwrap();
-        }
+        let log = filled(dir.path(), settings(), 3);
         log.segment_paths()[0].clone()
     };
     let good_len = std::fs::metadata(&segment).unwrap().len();
@@ -111,10 +117,7 @@ fn a_torn_tail_is_truncated_and_appends_continue() {
 fn a_last_record_failing_its_crc_is_dropped() {
     let dir = tempfile::tempdir().unwrap();
     let segment = {
-        let mut log = PartitionLog::open(dir.path(), settings()).unwrap();
-        for i in 0..3 {
-            log.append(b"k", &body(i), i).unwrap();
-        }
+        let log = filled(dir.path(), settings(), 3);
         log.segment_paths()[0].clone()
     };
     let mut bytes = std::fs::read(&segment).unwrap();
@@ -138,10 +141,7 @@ fn corruption_in_a_sealed_segment_fails_the_open() {
         ..settings()
     };
     let first = {
-        let mut log = PartitionLog::open(dir.path(), small).unwrap();
-        for i in 0..20 {
-            log.append(b"k", &body(i), i).unwrap();
-        }
+        let log = filled(dir.path(), small, 20);
         assert!(log.segment_paths().len() > 2);
         log.segment_paths()[0].clone()
     };
@@ -163,10 +163,7 @@ fn retention_by_bytes_drops_old_segments_and_reports_the_start() {
         retention_bytes: Some(600),
         ..settings()
     };
-    let mut log = PartitionLog::open(dir.path(), settings).unwrap();
-    for i in 0..100 {
-        log.append(b"k", &body(i), i).unwrap();
-    }
+    let log = filled(dir.path(), settings, 100);
     let start = log.start_offset();
     assert!(start > 0, "old segments removed");
     assert_eq!(log.end_offset(), 100);
@@ -200,10 +197,7 @@ fn retention_by_age_keeps_the_active_segment() {
         retention_ms: Some(1_000),
         ..settings()
     };
-    let mut log = PartitionLog::open(dir.path(), settings).unwrap();
-    for i in 0..10 {
-        log.append(b"k", &body(i), 0).unwrap();
-    }
+    let mut log = filled(dir.path(), settings, 10);
     log.enforce_retention(1_000_000).unwrap();
     assert_eq!(
         log.segment_paths().len(),
