@@ -12,8 +12,9 @@
 //! * [`properties`] — a `java.util.Properties`-compatible text codec.
 //! * [`checkpoint`] — the versioned, atomically replaced cursor files, with unusable files set
 //!   aside instead of crashing or being half-used.
-//! * [`local_log`] — the partition log of the embedded backend (segments, CRC, torn-tail
-//!   recovery, retention); topics, lite sub-logs and the `Storage` trait around it are not yet.
+//! * [`local_log`] — the embedded backend's storage: partition logs (segments, CRC, torn-tail
+//!   recovery, retention) and topics with key partitioning and lite channels. The `Storage`
+//!   trait, readers, alignment, the Kafka backend and the gRPC service are not yet built.
 
 pub mod checkpoint;
 pub mod local_log;

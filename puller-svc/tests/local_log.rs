@@ -298,3 +298,179 @@ fn acknowledged_appends_survive_kill_minus_nine() {
         acknowledged = log.end_offset() - 1;
     }
 }
+
+mod topics {
+    use eventmesh_common::keys::{PartitionId, Topic};
+    use puller_svc::local_log::{LocalLog, LogSettings, TopicError};
+
+    fn settings() -> LogSettings {
+        super::settings()
+    }
+
+    #[test]
+    fn topics_partition_by_key_and_survive_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        let orders = Topic::new("orders").unwrap();
+        let (first, second) = {
+            let log = LocalLog::open(dir.path(), settings()).unwrap();
+            assert!(log.create_topic(&orders, 4).unwrap());
+            assert!(!log.create_topic(&orders, 8).unwrap(), "exists: kept as is");
+            let first = log.append(&orders, b"customer-7", b"a", None, 1).unwrap();
+            let second = log.append(&orders, b"customer-7", b"b", None, 2).unwrap();
+            assert_eq!(
+                first.partition, second.partition,
+                "same key, same partition"
+            );
+            assert_eq!(second.offset, first.offset + 1);
+            let explicit = log
+                .append(&orders, b"", b"c", Some(&PartitionId::number(3)), 3)
+                .unwrap();
+            assert_eq!(explicit.partition, PartitionId::number(3));
+            (first, second)
+        };
+        let log = LocalLog::open(dir.path(), settings()).unwrap();
+        assert_eq!(log.topics(), std::slice::from_ref(&orders));
+        let ranges = log.ranges(&orders).unwrap();
+        assert_eq!(ranges.len(), 4, "partition count from the metadata");
+        let records = log
+            .read(&orders, &first.partition, 0, 10, usize::MAX)
+            .unwrap();
+        let bodies: Vec<&[u8]> = records.iter().map(|r| &r.body[..]).collect();
+        assert!(bodies.ends_with(&[b"a", b"b"]), "{bodies:?}");
+        let again = log.append(&orders, b"customer-7", b"d", None, 4).unwrap();
+        assert_eq!(
+            again.partition, second.partition,
+            "key hashing is stable across restarts"
+        );
+    }
+
+    #[test]
+    fn round_robin_without_a_key() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = LocalLog::open(dir.path(), settings()).unwrap();
+        let topic = Topic::new("rr").unwrap();
+        log.create_topic(&topic, 3).unwrap();
+        for _ in 0..9 {
+            log.append(&topic, b"", b"x", None, 0).unwrap();
+        }
+        let ends: Vec<i64> = log.ranges(&topic).unwrap().iter().map(|r| r.end).collect();
+        assert_eq!(ends, [3, 3, 3]);
+    }
+
+    #[test]
+    fn unknown_topics_partitions_and_bad_names_are_clear_errors() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = LocalLog::open(dir.path(), settings()).unwrap();
+        let missing = Topic::new("missing").unwrap();
+        let err = log.append(&missing, b"", b"x", None, 0).unwrap_err();
+        assert!(matches!(err, TopicError::UnknownTopic(_)), "{err}");
+        assert!(matches!(
+            log.read(&missing, &PartitionId::number(0), 0, 1, 1),
+            Err(TopicError::UnknownTopic(_))
+        ));
+        let topic = Topic::new("t").unwrap();
+        log.create_topic(&topic, 2).unwrap();
+        let err = log
+            .append(&topic, b"", b"x", Some(&PartitionId::number(2)), 0)
+            .unwrap_err();
+        assert_eq!(err.to_string(), "topic t has no partition 2");
+        assert!(matches!(
+            log.create_topic(&Topic::new("z").unwrap(), 0),
+            Err(TopicError::NoPartitions)
+        ));
+        assert!(matches!(
+            log.create_lite(&topic, "a@b"),
+            Err(TopicError::BadLiteName(_))
+        ));
+        assert!(matches!(
+            log.create_lite(&topic, ""),
+            Err(TopicError::BadLiteName(_))
+        ));
+    }
+
+    #[test]
+    fn topic_names_cannot_escape_the_root() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("root");
+        let log = LocalLog::open(&root, settings()).unwrap();
+        for name in ["..", "a/../../b", "."] {
+            let topic = Topic::new(name).unwrap();
+            log.create_topic(&topic, 1).unwrap();
+            log.append(&topic, b"", b"x", None, 0).unwrap();
+        }
+        let outside: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(outside, ["root"], "nothing written outside the root");
+        drop(log);
+        assert_eq!(LocalLog::open(&root, settings()).unwrap().topics().len(), 3);
+    }
+
+    #[test]
+    fn lite_channels_are_separate_logs_that_survive_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        let parent = Topic::new("chat").unwrap();
+        let room = {
+            let log = LocalLog::open(dir.path(), settings()).unwrap();
+            log.create_topic(&parent, 8).unwrap();
+            let first = log.append_lite(&parent, "room-1", b"hello", 1).unwrap();
+            let second = log.append_lite(&parent, "room-1", b"again", 2).unwrap();
+            let other = log.append_lite(&parent, "room-2", b"elsewhere", 3).unwrap();
+            assert_eq!(
+                (first.offset, second.offset, other.offset),
+                (0, 1, 0),
+                "own offsets"
+            );
+            assert!(
+                first.partition.as_str().starts_with("room-1@"),
+                "{}",
+                first.partition
+            );
+            assert_eq!(
+                log.ranges(&parent)
+                    .unwrap()
+                    .iter()
+                    .map(|r| r.end)
+                    .sum::<i64>(),
+                0,
+                "parent untouched"
+            );
+            first.partition
+        };
+        let log = LocalLog::open(dir.path(), settings()).unwrap();
+        let bodies: Vec<Vec<u8>> = log
+            .read(&parent, &room, 0, 10, usize::MAX)
+            .unwrap()
+            .into_iter()
+            .map(|r| r.body.to_vec())
+            .collect();
+        assert_eq!(bodies, [b"hello".to_vec(), b"again".to_vec()]);
+        assert_eq!(
+            log.create_lite(&parent, "room-1").unwrap(),
+            room,
+            "same queue after reopen"
+        );
+    }
+
+    #[test]
+    fn a_topic_without_metadata_is_ignored_and_bad_metadata_is_an_error() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join("half-created/0")).unwrap();
+        assert!(
+            LocalLog::open(dir.path(), settings())
+                .unwrap()
+                .topics()
+                .is_empty()
+        );
+        std::fs::write(
+            dir.path().join("half-created/topic.properties"),
+            "version=9\n",
+        )
+        .unwrap();
+        let err = LocalLog::open(dir.path(), settings())
+            .err()
+            .expect("bad metadata fails");
+        assert!(matches!(err, TopicError::BadMetadata { .. }), "{err}");
+    }
+}
