@@ -12,10 +12,14 @@
 //! * [`properties`] — a `java.util.Properties`-compatible text codec.
 //! * [`checkpoint`] — the versioned, atomically replaced cursor files, with unusable files set
 //!   aside instead of crashing or being half-used.
+//! * [`cursors`] — one group's cursors and the rules that move them: alignment to the ACK
+//!   watermark, start positions, retention and recreated topics.
 //! * [`local_log`] — the embedded backend's storage: partition logs (segments, CRC, torn-tail
 //!   recovery, retention) and topics with key partitioning and lite channels. The `Storage`
-//!   trait, readers, alignment, the Kafka backend and the gRPC service are not yet built.
+//!   trait, the reader loop and its offset-svc client, the Kafka backend and the gRPC service
+//!   are not yet built.
 
 pub mod checkpoint;
+pub mod cursors;
 pub mod local_log;
 pub mod properties;

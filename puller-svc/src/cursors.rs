@@ -1,0 +1,320 @@
+//! The pull cursors of one subscription group on one backend, and the rules that move them.
+//!
+//! A cursor is the **next** MQ offset the group's reader will read from a partition
+//! (exclusive: every offset below it has been handed to the dispatcher). The group's
+//! watermark `W` in offset-svc is **inclusive** (every offset `<= W` is settled). So after a
+//! restart, or when a dispatcher (re)attaches, the reader must resume at `W + 1` at the latest:
+//!
+//! * [`GroupCursors::align`] — a cursor that is missing or ahead of `W + 1` moves to `W + 1`;
+//!   a cursor at or below `W + 1` stays (re-reading settled offsets is harmless: the
+//!   dispatcher ignores frames `<= W`). Without a watermark nothing moves.
+//! * [`GroupCursors::resolve`] — a partition with no cursor starts at the configured start; a
+//!   cursor below the log start (retention removed records) moves to the log start and reports
+//!   how many offsets were lost to retention; a cursor past the log end (the topic was
+//!   recreated) resets to the configured start with an error log.
+//! * [`GroupCursors::advance`] — only forward, and only for records actually handed on.
+//!
+//! Cursors persist in the group's checkpoint file ([`crate::checkpoint`]); `checkpoint` writes
+//! only when something changed.
+
+use std::path::PathBuf;
+
+use eventmesh_common::keys::{GroupName, PullKey};
+
+use crate::checkpoint::{self, CheckpointError, Cursors, Loaded};
+
+/// Where a partition without a cursor starts.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum StartAt {
+    /// The oldest retained record.
+    #[default]
+    Earliest,
+    /// The next record to be appended.
+    Latest,
+}
+
+/// What [`GroupCursors::align`] did to one cursor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Alignment {
+    /// No watermark: nothing known to align to.
+    NoWatermark,
+    /// The cursor was at or below `W + 1` and stays.
+    Kept(i64),
+    /// The cursor was missing (`from: None`) or ahead, and now is `W + 1`.
+    Rewound {
+        /// The cursor before.
+        from: Option<i64>,
+        /// `W + 1`.
+        to: i64,
+    },
+}
+
+/// What [`GroupCursors::resolve`] did to one cursor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Resolution {
+    /// The cursor is inside the log; nothing changed.
+    InRange(i64),
+    /// No cursor: set to the configured start.
+    Started(i64),
+    /// Below the log start: moved to it; `lost` offsets were removed by retention unread.
+    LostToRetention {
+        /// The new cursor (the log start).
+        to: i64,
+        /// How many offsets were never read.
+        lost: i64,
+    },
+    /// Past the log end (topic recreated): reset to the configured start.
+    ResetPastEnd {
+        /// The cursor before.
+        from: i64,
+        /// The new cursor.
+        to: i64,
+    },
+}
+
+/// The cursors of one group on one backend, with their checkpoint file.
+#[derive(Debug)]
+pub struct GroupCursors {
+    path: PathBuf,
+    cursors: Cursors,
+    dirty: bool,
+}
+
+impl GroupCursors {
+    /// Loads the group's checkpoint in `dir` (an unusable file is set aside and the group
+    /// starts without cursors: alignment and the configured start then decide).
+    pub fn load(dir: &std::path::Path, backend: &str, group: Option<&GroupName>) -> Self {
+        let path = checkpoint::path(dir, backend, group);
+        let loaded = checkpoint::load(&path);
+        if let Loaded::Cursors(cursors) = &loaded {
+            tracing::info!(file = %path.display(), cursors = cursors.len(), "pull cursors loaded");
+        }
+        GroupCursors {
+            path,
+            cursors: loaded.into_cursors(),
+            dirty: false,
+        }
+    }
+
+    /// The cursor of a partition.
+    pub fn get(&self, key: &PullKey) -> Option<i64> {
+        self.cursors.get(key).copied()
+    }
+
+    /// Every cursor.
+    pub fn all(&self) -> &Cursors {
+        &self.cursors
+    }
+
+    fn set(&mut self, key: &PullKey, next: i64) {
+        if self.cursors.insert(key.clone(), next) != Some(next) {
+            self.dirty = true;
+        }
+    }
+
+    /// Applies the group's inclusive watermark `W` (None: nothing stored) to one cursor.
+    pub fn align(&mut self, key: &PullKey, watermark: Option<i64>) -> Alignment {
+        let Some(watermark) = watermark.filter(|w| *w >= 0) else {
+            return Alignment::NoWatermark;
+        };
+        let resume = watermark + 1;
+        match self.get(key) {
+            Some(cursor) if cursor <= resume => Alignment::Kept(cursor),
+            from => {
+                self.set(key, resume);
+                tracing::info!(%key, ?from, to = resume, "pull cursor aligned to the ACK watermark");
+                Alignment::Rewound { from, to: resume }
+            }
+        }
+    }
+
+    /// Fits one cursor into the partition's retained range `[log_start, log_end)`.
+    pub fn resolve(
+        &mut self,
+        key: &PullKey,
+        log_start: i64,
+        log_end: i64,
+        start_at: StartAt,
+    ) -> Resolution {
+        let configured = match start_at {
+            StartAt::Earliest => log_start,
+            StartAt::Latest => log_end,
+        };
+        match self.get(key) {
+            None => {
+                self.set(key, configured);
+                Resolution::Started(configured)
+            }
+            Some(cursor) if cursor < log_start => {
+                self.set(key, log_start);
+                let lost = log_start - cursor;
+                tracing::warn!(%key, cursor, log_start, lost, "offsets removed by retention before they were read");
+                Resolution::LostToRetention {
+                    to: log_start,
+                    lost,
+                }
+            }
+            Some(cursor) if cursor > log_end => {
+                self.set(key, configured);
+                tracing::error!(%key, cursor, log_end, to = configured, "pull cursor is past the end of the log (topic recreated?); reset to the configured start");
+                Resolution::ResetPastEnd {
+                    from: cursor,
+                    to: configured,
+                }
+            }
+            Some(cursor) => Resolution::InRange(cursor),
+        }
+    }
+
+    /// Moves a cursor forward to `next` after records below it were handed on; never back.
+    pub fn advance(&mut self, key: &PullKey, next: i64) {
+        if self.get(key).is_none_or(|cursor| next > cursor) {
+            self.set(key, next);
+        }
+    }
+
+    /// Writes the checkpoint atomically if anything changed since the last one.
+    pub fn checkpoint(&mut self) -> Result<bool, CheckpointError> {
+        if !self.dirty {
+            return Ok(false);
+        }
+        checkpoint::store(&self.path, &self.cursors)?;
+        self.dirty = false;
+        Ok(true)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(text: &str) -> PullKey {
+        text.parse().unwrap()
+    }
+
+    fn fresh(dir: &std::path::Path) -> GroupCursors {
+        GroupCursors::load(dir, "local", None)
+    }
+
+    #[test]
+    fn restart_alignment_rewinds_to_the_watermark() {
+        // RestartCursorAlignmentTest: 0..4 ACKed (W = 4), 5..7 pulled but not ACKed (cursor 8).
+        let dir = tempfile::tempdir().unwrap();
+        let orders = key("orders#0");
+        let mut cursors = fresh(dir.path());
+        cursors.advance(&orders, 8);
+        cursors.checkpoint().unwrap();
+        let mut restarted = fresh(dir.path());
+        assert_eq!(restarted.get(&orders), Some(8));
+        assert_eq!(
+            restarted.align(&orders, Some(4)),
+            Alignment::Rewound {
+                from: Some(8),
+                to: 5
+            }
+        );
+        assert_eq!(
+            restarted.get(&orders),
+            Some(5),
+            "5, 6 and 7 are pulled again"
+        );
+    }
+
+    #[test]
+    fn out_of_order_acks_do_not_skip_unacked_offsets() {
+        // 7 ACKed but 5 and 6 not: the gap-free watermark is 4, not the reference's max (7).
+        let dir = tempfile::tempdir().unwrap();
+        let orders = key("orders#0");
+        let mut cursors = fresh(dir.path());
+        cursors.advance(&orders, 8);
+        cursors.align(&orders, Some(4));
+        assert_eq!(cursors.get(&orders), Some(5));
+    }
+
+    #[test]
+    fn without_a_watermark_a_cursor_stays() {
+        // The reference: no persisted offsets and a plugin cursor of 42 → still 42.
+        let dir = tempfile::tempdir().unwrap();
+        let fresh_key = key("fresh#0");
+        let mut cursors = fresh(dir.path());
+        cursors.advance(&fresh_key, 42);
+        assert_eq!(cursors.align(&fresh_key, None), Alignment::NoWatermark);
+        assert_eq!(cursors.align(&fresh_key, Some(-1)), Alignment::NoWatermark);
+        assert_eq!(cursors.get(&fresh_key), Some(42));
+    }
+
+    #[test]
+    fn missing_cursors_start_at_the_watermark_and_lower_ones_stay() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cursors = fresh(dir.path());
+        let a = key("t#0");
+        assert_eq!(
+            cursors.align(&a, Some(9)),
+            Alignment::Rewound { from: None, to: 10 }
+        );
+        let b = key("t#1");
+        cursors.advance(&b, 3);
+        assert_eq!(cursors.align(&b, Some(9)), Alignment::Kept(3));
+        let lite = key("parent#chat@2");
+        assert_eq!(
+            cursors.align(&lite, Some(0)),
+            Alignment::Rewound { from: None, to: 1 }
+        );
+    }
+
+    #[test]
+    fn resolve_handles_start_retention_and_recreated_topics() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cursors = fresh(dir.path());
+        let (a, b, c, d, e) = (key("t#0"), key("t#1"), key("t#2"), key("t#3"), key("t#4"));
+        assert_eq!(
+            cursors.resolve(&a, 5, 20, StartAt::Earliest),
+            Resolution::Started(5)
+        );
+        assert_eq!(
+            cursors.resolve(&b, 5, 20, StartAt::Latest),
+            Resolution::Started(20)
+        );
+        cursors.advance(&c, 2);
+        assert_eq!(
+            cursors.resolve(&c, 5, 20, StartAt::Earliest),
+            Resolution::LostToRetention { to: 5, lost: 3 }
+        );
+        cursors.advance(&d, 30);
+        assert_eq!(
+            cursors.resolve(&d, 0, 10, StartAt::Earliest),
+            Resolution::ResetPastEnd { from: 30, to: 0 }
+        );
+        cursors.advance(&e, 10);
+        assert_eq!(
+            cursors.resolve(&e, 0, 10, StartAt::Earliest),
+            Resolution::InRange(10),
+            "at the end is fine"
+        );
+    }
+
+    #[test]
+    fn advance_never_goes_back_and_checkpoints_only_changes() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cursors = fresh(dir.path());
+        let a = key("t#0");
+        assert!(!cursors.checkpoint().unwrap(), "nothing to write yet");
+        cursors.advance(&a, 10);
+        cursors.advance(&a, 7);
+        assert_eq!(cursors.get(&a), Some(10));
+        assert!(cursors.checkpoint().unwrap());
+        assert!(!cursors.checkpoint().unwrap(), "unchanged: no rewrite");
+        cursors.advance(&a, 10);
+        assert!(!cursors.checkpoint().unwrap(), "same value is not a change");
+        let group = GroupName::new("billing").unwrap();
+        let mut billing = GroupCursors::load(dir.path(), "local", Some(&group));
+        assert_eq!(billing.get(&a), None, "groups never share cursors");
+        billing.advance(&a, 1);
+        billing.checkpoint().unwrap();
+        assert_eq!(fresh(dir.path()).get(&a), Some(10));
+        assert_eq!(
+            GroupCursors::load(dir.path(), "local", Some(&group)).get(&a),
+            Some(1)
+        );
+    }
+}
