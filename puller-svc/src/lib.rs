@@ -14,6 +14,8 @@
 //!   aside instead of crashing or being half-used.
 //! * [`cursors`] — one group's cursors and the rules that move them: alignment to the ACK
 //!   watermark, start positions, retention and recreated topics.
+//! * [`ingest`] — any MQ body (our frame, CloudEvents JSON, opaque, broken) to a stamped frame
+//!   or a dead-letter candidate.
 //! * [`local_log`] — the embedded backend's storage: partition logs (segments, CRC, torn-tail
 //!   recovery, retention) and topics with key partitioning and lite channels. The `Storage`
 //!   trait, the reader loop and its offset-svc client, the Kafka backend and the gRPC service
@@ -21,5 +23,6 @@
 
 pub mod checkpoint;
 pub mod cursors;
+pub mod ingest;
 pub mod local_log;
 pub mod properties;

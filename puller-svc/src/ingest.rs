@@ -1,0 +1,296 @@
+//! Turning whatever a topic holds into a stamped EventMeshFrame (DESIGN §10).
+//!
+//! Topics are often written by other producers too, so a body is classified first:
+//!
+//! | body | result |
+//! | --- | --- |
+//! | an EventMeshFrame (magic, version and every length walk exactly to the end) that decodes | [`BodyKind::Frame`] |
+//! | structurally a frame but fails to decode (limits, UTF-8) | [`BodyKind::MalformedFrame`], the original bytes and the reason: dead-lettered, never dropped |
+//! | a JSON object with a string `specversion` (structured CloudEvents) that fits the frame limits | [`BodyKind::CloudEventsJson`]: attributes + data |
+//! | anything else (including text starting with a UTF-8 BOM, which also begins with `0xEF`) | [`BodyKind::Opaque`]: data = the body, attributes = the message headers |
+//!
+//! An opaque body or header set that cannot fit a frame is [`BodyKind::MalformedFrame`] too, so
+//! it reaches the dead-letter topic with its reason instead of vanishing. Every result is
+//! stamped with `emmqpartition` and `emmqoffset` (and `empopck` when the broker needs an ACK)
+//! and encoded.
+
+use base64::Engine as _;
+use bytes::Bytes;
+use eventmesh_common::frame::{
+    ATTR_MQ_OFFSET, ATTR_MQ_PARTITION, ATTR_POP_CK, Frame, FrameLimits, sniff,
+};
+use eventmesh_common::keys::PartitionId;
+
+/// What the MQ body was.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BodyKind {
+    /// One of our frames.
+    Frame,
+    /// Structured CloudEvents JSON, converted.
+    CloudEventsJson,
+    /// Anything else, wrapped as data.
+    Opaque,
+    /// Cannot be delivered as an event; carry the original bytes to the dead-letter topic.
+    MalformedFrame,
+}
+
+/// Where a message came from in the MQ.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Origin<'a> {
+    /// Its partition.
+    pub partition: &'a PartitionId,
+    /// Its offset.
+    pub offset: i64,
+    /// The broker ACK handle (RocketMQ 5 POP), if any.
+    pub pop_ck: Option<&'a str>,
+}
+
+/// A message ready to hand to the dispatcher.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Ingested {
+    /// What the body was.
+    pub kind: BodyKind,
+    /// The stamped, encoded frame; for [`BodyKind::MalformedFrame`], the original body.
+    pub frame: Bytes,
+    /// Why the body could not become a frame.
+    pub malformed_reason: Option<String>,
+}
+
+/// Classifies, converts and stamps one MQ message body (`headers`: the message's own
+/// headers / user properties, used for opaque bodies).
+pub fn ingest(
+    body: Bytes,
+    headers: &[(String, String)],
+    origin: &Origin<'_>,
+    limits: &FrameLimits,
+) -> Ingested {
+    let (kind, converted) = if sniff(&body) {
+        (
+            BodyKind::Frame,
+            Frame::decode(&body, limits).map_err(|e| e.to_string()),
+        )
+    } else if let Some(event) = cloudevent(&body) {
+        (BodyKind::CloudEventsJson, event)
+    } else {
+        (BodyKind::Opaque, Ok(opaque(&body, headers)))
+    };
+    let stamped = converted.and_then(|mut frame| {
+        frame.set_attribute(ATTR_MQ_PARTITION, origin.partition.as_str());
+        frame.set_attribute(ATTR_MQ_OFFSET, origin.offset.to_string());
+        if let Some(pop_ck) = origin.pop_ck {
+            frame.set_attribute(ATTR_POP_CK, pop_ck);
+        }
+        frame.encode(limits).map_err(|e| e.to_string())
+    });
+    match stamped {
+        Ok(frame) => Ingested {
+            kind,
+            frame,
+            malformed_reason: None,
+        },
+        Err(reason) => {
+            tracing::warn!(partition = %origin.partition, offset = origin.offset, ?kind, %reason, "MQ body cannot be delivered as an event; it will be dead-lettered");
+            Ingested {
+                kind: BodyKind::MalformedFrame,
+                frame: body,
+                malformed_reason: Some(format!("{kind:?} body: {reason}")),
+            }
+        }
+    }
+}
+
+fn opaque(body: &Bytes, headers: &[(String, String)]) -> Frame {
+    let mut frame = Frame::event();
+    for (name, value) in headers {
+        frame.set_attribute(name.as_str(), value.as_str());
+    }
+    frame.data = body.clone();
+    frame
+}
+
+/// A structured-mode CloudEvent: `Some` when the body is a JSON object with a string
+/// `specversion`; the inner result fails when it cannot be a frame.
+fn cloudevent(body: &[u8]) -> Option<Result<Frame, String>> {
+    // Cheap pre-check: JSON objects start with `{` after optional whitespace.
+    if body.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
+        return None;
+    }
+    let serde_json::Value::Object(map) = serde_json::from_slice(body).ok()? else {
+        return None;
+    };
+    if !map
+        .get("specversion")
+        .is_some_and(serde_json::Value::is_string)
+    {
+        return None;
+    }
+    let mut frame = Frame::event();
+    for (name, value) in &map {
+        match (name.as_str(), value) {
+            ("data" | "data_base64", _) => {}
+            (_, serde_json::Value::String(text)) => {
+                frame.set_attribute(name.as_str(), text.as_str())
+            }
+            (_, other) => frame.set_attribute(name.as_str(), other.to_string()),
+        }
+    }
+    frame.data = match (map.get("data_base64"), map.get("data")) {
+        (Some(serde_json::Value::String(encoded)), _) => {
+            match base64::engine::general_purpose::STANDARD.decode(encoded) {
+                Ok(bytes) => Bytes::from(bytes),
+                Err(err) => return Some(Err(format!("data_base64 is not base64: {err}"))),
+            }
+        }
+        (Some(_), _) => return Some(Err("data_base64 is not a string".into())),
+        (None, Some(serde_json::Value::String(text))) => Bytes::from(text.clone().into_bytes()),
+        (None, Some(other)) => Bytes::from(other.to_string().into_bytes()),
+        (None, None) => Bytes::new(),
+    };
+    Some(Ok(frame))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const LIMITS: FrameLimits = FrameLimits::DEFAULT;
+
+    fn origin(partition: &PartitionId) -> Origin<'_> {
+        Origin {
+            partition,
+            offset: 41,
+            pop_ck: None,
+        }
+    }
+
+    fn decoded(ingested: &Ingested) -> Frame {
+        Frame::decode(&ingested.frame, &LIMITS).unwrap()
+    }
+
+    #[test]
+    fn our_frames_are_stamped() {
+        let mut frame = Frame::event();
+        frame.set_attribute("id", "e-1");
+        frame.data = Bytes::from_static(b"payload");
+        let partition = PartitionId::number(3);
+        let out = ingest(
+            frame.encode(&LIMITS).unwrap(),
+            &[],
+            &origin(&partition),
+            &LIMITS,
+        );
+        assert_eq!(out.kind, BodyKind::Frame);
+        let stamped = decoded(&out);
+        assert_eq!(stamped.attribute("id"), Some("e-1"));
+        assert_eq!(stamped.attribute("emmqpartition"), Some("3"));
+        assert_eq!(stamped.attribute("emmqoffset"), Some("41"));
+        assert_eq!(&stamped.data[..], b"payload");
+    }
+
+    #[test]
+    fn pop_handles_are_stamped_too() {
+        let partition = PartitionId::new("broker-a:1").unwrap();
+        let origin = Origin {
+            partition: &partition,
+            offset: 7,
+            pop_ck: Some("ck-123"),
+        };
+        let out = ingest(Bytes::from_static(b"plain"), &[], &origin, &LIMITS);
+        assert_eq!(decoded(&out).attribute("empopck"), Some("ck-123"));
+    }
+
+    #[test]
+    fn structured_cloudevents_json_becomes_attributes_and_data() {
+        let body = br#"{"specversion":"1.0","id":"ce-9","source":"/s","type":"t","time":"2026-01-01T00:00:00Z","count":3,"data":{"k":[1,2]}}"#;
+        let partition = PartitionId::number(0);
+        let out = ingest(Bytes::from_static(body), &[], &origin(&partition), &LIMITS);
+        assert_eq!(out.kind, BodyKind::CloudEventsJson);
+        let frame = decoded(&out);
+        assert_eq!(frame.attribute("id"), Some("ce-9"));
+        assert_eq!(frame.attribute("type"), Some("t"));
+        assert_eq!(
+            frame.attribute("count"),
+            Some("3"),
+            "non-string values as JSON text"
+        );
+        assert_eq!(&frame.data[..], br#"{"k":[1,2]}"#);
+
+        let binary = br#"{"specversion":"1.0","id":"b","data_base64":"AAEC"}"#;
+        let frame = decoded(&ingest(
+            Bytes::from_static(binary),
+            &[],
+            &origin(&partition),
+            &LIMITS,
+        ));
+        assert_eq!(&frame.data[..], &[0, 1, 2]);
+        let text = br#"{"specversion":"1.0","id":"x","data":"hello"}"#;
+        assert_eq!(
+            &decoded(&ingest(
+                Bytes::from_static(text),
+                &[],
+                &origin(&partition),
+                &LIMITS
+            ))
+            .data[..],
+            b"hello"
+        );
+    }
+
+    #[test]
+    fn other_bodies_are_opaque_with_headers_as_attributes() {
+        let partition = PartitionId::number(1);
+        let headers = vec![("content-type".to_owned(), "text/plain".to_owned())];
+        for body in [
+            &b"{\"no\":\"specversion\"}"[..],
+            b"just text",
+            "\u{FEFF}{\"specversion\":\"1.0\"}".as_bytes(),
+            &[0xEF, 1, 0, 0],
+            b"",
+        ] {
+            let out = ingest(
+                Bytes::copy_from_slice(body),
+                &headers,
+                &origin(&partition),
+                &LIMITS,
+            );
+            assert_eq!(out.kind, BodyKind::Opaque, "{body:?}");
+            let frame = decoded(&out);
+            assert_eq!(&frame.data[..], body);
+            assert_eq!(frame.attribute("content-type"), Some("text/plain"));
+            assert_eq!(frame.attribute("emmqoffset"), Some("41"));
+        }
+    }
+
+    #[test]
+    fn broken_frames_and_oversized_bodies_go_to_the_dead_letter_path() {
+        let partition = PartitionId::number(0);
+        // Structurally a frame, but the attribute name is not UTF-8.
+        let mut broken = vec![0xEF, 1, 3, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0];
+        broken.extend_from_slice(&[0, 1, 0xFF, 0, 0, 0, 0]);
+        let out = ingest(
+            Bytes::from(broken.clone()),
+            &[],
+            &origin(&partition),
+            &LIMITS,
+        );
+        assert_eq!(out.kind, BodyKind::MalformedFrame);
+        assert_eq!(&out.frame[..], &broken[..], "original bytes kept");
+        assert!(out.malformed_reason.unwrap().contains("UTF-8"));
+
+        let huge = Bytes::from(vec![b'x'; LIMITS.max_data_bytes + 1]);
+        let out = ingest(huge.clone(), &[], &origin(&partition), &LIMITS);
+        assert_eq!(out.kind, BodyKind::MalformedFrame);
+        assert_eq!(out.frame, huge);
+        assert!(out.malformed_reason.unwrap().contains("data length"));
+
+        let bad_base64 = br#"{"specversion":"1.0","data_base64":"!!"}"#;
+        let out = ingest(
+            Bytes::from_static(bad_base64),
+            &[],
+            &origin(&partition),
+            &LIMITS,
+        );
+        assert_eq!(out.kind, BodyKind::MalformedFrame);
+        assert!(out.malformed_reason.unwrap().contains("base64"));
+    }
+}
