@@ -17,12 +17,13 @@
 //! * [`ingest`] — any MQ body (our frame, CloudEvents JSON, opaque, broken) to a stamped frame
 //!   or a dead-letter candidate.
 //! * [`local_log`] — the embedded backend's storage: partition logs (segments, CRC, torn-tail
-//!   recovery, retention) and topics with key partitioning and lite channels. The `Storage`
-//!   trait, the reader loop and its offset-svc client, the Kafka backend and the gRPC service
-//!   are not yet built.
+//!   recovery, retention) and topics with key partitioning and lite channels.
+//! * [`storage`] — the `Storage` contract and the `local` backend behind it. The alignment
+//!   driver and its offset-svc client, the Kafka backend and the gRPC service are not yet built.
 
 pub mod checkpoint;
 pub mod cursors;
 pub mod ingest;
 pub mod local_log;
 pub mod properties;
+pub mod storage;

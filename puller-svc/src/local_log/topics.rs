@@ -270,6 +270,21 @@ impl LocalLog {
             .collect())
     }
 
+    /// The retained range of one numbered partition or lite channel.
+    pub fn range(
+        &self,
+        topic: &Topic,
+        partition: &PartitionId,
+    ) -> Result<PartitionRange, TopicError> {
+        let shared = self.partition_log(topic, partition)?;
+        let log = lock(&shared);
+        Ok(PartitionRange {
+            partition: partition.clone(),
+            start: log.start_offset(),
+            end: log.end_offset(),
+        })
+    }
+
     /// The partition id of a lite channel of `parent` (`<lite>@<queue>`), creating its log.
     pub fn create_lite(&self, parent: &Topic, lite: &str) -> Result<PartitionId, TopicError> {
         let log = self.topic(parent)?;

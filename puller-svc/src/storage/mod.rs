@@ -1,0 +1,225 @@
+//! The `Storage` contract every MQ backend implements (DESIGN §5), and the types it speaks.
+//!
+//! A backend owns the pull position of every **reader** — one subscription group on one topic
+//! ([`ReaderKey`]) — so groups never hold each other back. `poll` reads from that position and
+//! moves it past what it returns; `align_pull_offset` applies the group's inclusive ACK
+//! watermark (see [`crate::cursors`]); `ack_pulled` forwards a settled message to brokers that
+//! need one (RocketMQ 5 POP) and answers [`AckPulledOutcome::NotApplicable`] elsewhere.
+//!
+//! Every polled record is ingested ([`crate::ingest`]): stamped with its partition and offset,
+//! foreign bodies converted, broken ones flagged for the dead-letter topic. Every batch reports,
+//! per partition it advanced, the `[first, next)` range it covered, so offsets the MQ skipped
+//! count as settled.
+
+pub mod local;
+
+use bytes::Bytes;
+use eventmesh_common::keys::{GroupName, KeyError, PartitionId, Topic};
+use eventmesh_common::status::{ClassifiedError, ErrorClass, to_status};
+
+use crate::cursors::Alignment;
+use crate::ingest::Ingested;
+
+/// One reader: a subscription group (`None`: the topic's default group) on a topic.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ReaderKey {
+    /// The group.
+    pub group: Option<GroupName>,
+    /// The topic.
+    pub topic: Topic,
+}
+
+/// Bounds of one poll.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PollLimits {
+    /// Most records.
+    pub max_records: usize,
+    /// About this many body bytes at most (at least one record is returned when any exists).
+    pub max_bytes: usize,
+}
+
+impl Default for PollLimits {
+    fn default() -> Self {
+        PollLimits {
+            max_records: 500,
+            max_bytes: 4 * 1024 * 1024,
+        }
+    }
+}
+
+/// One polled message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PolledRecord {
+    /// Its partition.
+    pub partition: PartitionId,
+    /// Its offset.
+    pub offset: i64,
+    /// Its ordering key (may be empty).
+    pub key: Bytes,
+    /// Broker or append time, ms since the Unix epoch (0 if unknown).
+    pub timestamp_ms: i64,
+    /// The key to pass to `ack_pulled`, where the broker needs one.
+    pub ack_key: Option<String>,
+    /// The stamped frame (or the original body of a dead-letter case).
+    pub ingested: Ingested,
+}
+
+/// The span a batch covered in one partition: `[first, next)`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CoveredRange {
+    /// The partition.
+    pub partition: PartitionId,
+    /// First offset covered.
+    pub first: i64,
+    /// One past the last offset covered: the reader's cursor afterwards.
+    pub next: i64,
+}
+
+/// The result of one poll.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PolledBatch {
+    /// Records, partition by partition, offsets ascending.
+    pub records: Vec<PolledRecord>,
+    /// One range per partition the batch advanced.
+    pub ranges: Vec<CoveredRange>,
+}
+
+/// Where an appended record landed.
+pub use crate::local_log::Appended;
+/// A partition's retained range `[start, end)`.
+pub use crate::local_log::PartitionRange;
+
+/// The outcome of a broker ACK.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AckPulledOutcome {
+    /// The broker confirmed.
+    Acked,
+    /// The backend has no broker ACK.
+    NotApplicable,
+    /// The key is unknown (e.g. from before a restart); the broker redelivers on its own.
+    UnknownKey,
+}
+
+/// Errors of a storage backend.
+#[derive(Debug, thiserror::Error)]
+pub enum StorageError {
+    /// The topic does not exist.
+    #[error("unknown topic {0}")]
+    UnknownTopic(String),
+    /// The partition does not exist.
+    #[error("topic {topic} has no partition {partition}")]
+    UnknownPartition {
+        /// The topic.
+        topic: String,
+        /// The partition.
+        partition: String,
+    },
+    /// The request is invalid.
+    #[error("{0}")]
+    Invalid(String),
+    /// The backend (broker, disk) failed; retry.
+    #[error("storage unavailable: {0}")]
+    Unavailable(String),
+    /// A bug or corrupted state.
+    #[error("storage internal error: {0}")]
+    Internal(String),
+}
+
+impl ClassifiedError for StorageError {
+    fn class(&self) -> ErrorClass {
+        match self {
+            StorageError::UnknownTopic(_) | StorageError::UnknownPartition { .. } => {
+                ErrorClass::NotFound
+            }
+            StorageError::Invalid(_) => ErrorClass::InvalidArgument,
+            StorageError::Unavailable(_) => ErrorClass::Unavailable,
+            StorageError::Internal(_) => ErrorClass::Internal,
+        }
+    }
+}
+
+impl From<StorageError> for tonic::Status {
+    fn from(err: StorageError) -> tonic::Status {
+        to_status(&err)
+    }
+}
+
+impl From<KeyError> for StorageError {
+    fn from(err: KeyError) -> Self {
+        StorageError::Invalid(err.to_string())
+    }
+}
+
+/// An MQ backend.
+#[async_trait::async_trait]
+pub trait Storage: Send + Sync + 'static {
+    /// The backend's name, as used in checkpoint file names (`local`, `kafka`, ...).
+    fn backend(&self) -> &'static str;
+
+    /// Creates a topic; `Ok(false)` when it existed.
+    async fn create_topic(&self, topic: &Topic, partitions: u32) -> Result<bool, StorageError>;
+
+    /// Number of partitions of a topic.
+    async fn partition_count(&self, topic: &Topic) -> Result<u32, StorageError>;
+
+    /// Appends one record (explicit partition, else by key, else spread).
+    async fn send(
+        &self,
+        topic: &Topic,
+        key: Bytes,
+        body: Bytes,
+        partition: Option<PartitionId>,
+    ) -> Result<Appended, StorageError>;
+
+    /// Reads the reader's next batch from one partition or all (`None`), moving its position
+    /// past what is returned.
+    async fn poll(
+        &self,
+        reader: &ReaderKey,
+        partition: Option<&PartitionId>,
+        limits: PollLimits,
+    ) -> Result<PolledBatch, StorageError>;
+
+    /// Forwards a settled message to the broker where it needs an ACK.
+    async fn ack_pulled(
+        &self,
+        reader: &ReaderKey,
+        ack_key: &str,
+    ) -> Result<AckPulledOutcome, StorageError>;
+
+    /// Applies the group's inclusive watermark to the reader's position in one partition.
+    async fn align_pull_offset(
+        &self,
+        reader: &ReaderKey,
+        partition: &PartitionId,
+        watermark: Option<i64>,
+    ) -> Result<Alignment, StorageError>;
+
+    /// The retained range of every partition of a topic.
+    async fn end_offsets(&self, topic: &Topic) -> Result<Vec<PartitionRange>, StorageError>;
+
+    /// The reader's current positions.
+    async fn cursors(&self, reader: &ReaderKey) -> Result<Vec<(PartitionId, i64)>, StorageError>;
+
+    /// Persists every reader's positions (called every few seconds and at shutdown).
+    async fn checkpoint(&self) -> Result<(), StorageError>;
+
+    /// Creates a lite channel inside `parent`; returns its partition id `<lite>@<queue>`.
+    async fn create_lite(&self, parent: &Topic, lite: &str) -> Result<PartitionId, StorageError>;
+
+    /// Appends to a lite channel.
+    async fn send_lite(
+        &self,
+        parent: &Topic,
+        lite: &str,
+        body: Bytes,
+    ) -> Result<Appended, StorageError>;
+
+    /// Reads a lite channel from the reader's position in it (from its head on a fresh reader).
+    async fn pull_lite(
+        &self,
+        reader: &ReaderKey,
+        lite: &str,
+        limits: PollLimits,
+    ) -> Result<PolledBatch, StorageError>;
+}
