@@ -18,9 +18,13 @@
 //!   or a dead-letter candidate.
 //! * [`local_log`] — the embedded backend's storage: partition logs (segments, CRC, torn-tail
 //!   recovery, retention) and topics with key partitioning and lite channels.
-//! * [`storage`] — the `Storage` contract and the `local` backend behind it. The alignment
-//!   driver and its offset-svc client, the Kafka backend and the gRPC service are not yet built.
+//! * [`storage`] — the `Storage` contract and the `local` backend behind it.
+//! * [`alignment`] — reading a group's watermarks from offset-svc and aligning a reader.
+//!
+//! Not built yet: the gRPC `PullerService` and the binary (periodic checkpoints, attach),
+//! and the Kafka and RocketMQ backends.
 
+pub mod alignment;
 pub mod checkpoint;
 pub mod cursors;
 pub mod ingest;
