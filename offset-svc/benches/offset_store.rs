@@ -177,12 +177,7 @@ async fn grpc_writes(keys: &[OffsetKey], batch: usize, sync: bool, concurrency: 
     let server = offset_svc::server::start(config, CancellationToken::new())
         .await
         .unwrap();
-    let channel =
-        tonic::transport::Endpoint::from_shared(format!("http://{}", server.local_addr()))
-            .unwrap()
-            .connect()
-            .await
-            .unwrap();
+    let channel = server.channel().await.unwrap();
     let chunks: Vec<(usize, Vec<OffsetKey>)> = keys
         .chunks(batch)
         .map(<[OffsetKey]>::to_vec)

@@ -47,6 +47,19 @@ impl RunningServer {
         self.local_addr
     }
 
+    /// A client channel to this server over loopback, with the same HTTP/2 windows and
+    /// TCP_NODELAY the server uses (for co-located callers and tests).
+    pub async fn channel(&self) -> Result<tonic::transport::Channel, Error> {
+        tonic::transport::Endpoint::from_shared(format!("http://{}", self.local_addr))
+            .map_err(|_| Error::Internal("local address is not a valid URI"))?
+            .tcp_nodelay(true)
+            .initial_stream_window_size(HTTP2_STREAM_WINDOW)
+            .initial_connection_window_size(HTTP2_CONNECTION_WINDOW)
+            .connect()
+            .await
+            .map_err(Error::Serve)
+    }
+
     /// Starts the ordered shutdown.
     pub fn shutdown(&self) {
         self.shutdown.cancel();

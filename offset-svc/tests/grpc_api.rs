@@ -29,9 +29,7 @@ async fn serve(
         ..Config::default()
     };
     let server = start(config, CancellationToken::new()).await.unwrap();
-    let client = OffsetServiceClient::connect(format!("http://{}", server.local_addr()))
-        .await
-        .unwrap();
+    let client = OffsetServiceClient::new(server.channel().await.unwrap());
     (server, client)
 }
 
@@ -310,12 +308,7 @@ async fn health_and_reflection_are_served() {
 
     let dir = tempfile::tempdir().unwrap();
     let (server, _client) = serve(StoreKind::Memory, dir.path(), false).await;
-    let url = format!("http://{}", server.local_addr());
-    let channel = tonic::transport::Endpoint::from_shared(url)
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
+    let channel = server.channel().await.unwrap();
     let mut health = HealthClient::new(channel.clone());
     for service in [
         "",

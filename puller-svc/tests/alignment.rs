@@ -25,12 +25,7 @@ async fn offset_svc() -> (offset_svc::server::RunningServer, tonic::transport::C
     let server = offset_svc::server::start(config, CancellationToken::new())
         .await
         .unwrap();
-    let channel =
-        tonic::transport::Endpoint::from_shared(format!("http://{}", server.local_addr()))
-            .unwrap()
-            .connect()
-            .await
-            .unwrap();
+    let channel = server.channel().await.unwrap();
     (server, channel)
 }
 
