@@ -7,12 +7,14 @@
 //! * [`config`] — config file loading and flag precedence.
 //! * [`telemetry`] — tracing and OpenTelemetry initialisation.
 //! * [`metrics`] — the Prometheus exporter.
+//! * [`grpc`] — the gRPC server settings, health, reflection and ordered drain every service uses.
 //! * [`shutdown`] — the signal-driven cancellation token.
 //!
 //! Code lands here only when two services really share it.
 
 pub mod config;
 pub mod frame;
+pub mod grpc;
 pub mod keys;
 pub mod metrics;
 pub mod shutdown;

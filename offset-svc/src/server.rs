@@ -12,12 +12,12 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use eventmesh_common::grpc;
 use eventmesh_common::shutdown::CancellationToken;
 use eventmesh_proto::offset::offset_service_server::OffsetServiceServer;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
-use tonic::transport::server::TcpIncoming;
-use tonic_health::ServingStatus;
+use tonic::server::NamedService;
 
 use crate::config::{Config, StoreKind};
 use crate::error::Error;
@@ -28,11 +28,6 @@ use crate::store::OffsetStore;
 
 /// Largest request or response message, bytes (a full batch of long keys fits).
 pub const MAX_MESSAGE_BYTES: usize = 64 * 1024 * 1024;
-
-/// HTTP/2 per-stream flow-control window, bytes.
-pub const HTTP2_STREAM_WINDOW: u32 = 4 * 1024 * 1024;
-/// HTTP/2 per-connection flow-control window, bytes.
-pub const HTTP2_CONNECTION_WINDOW: u32 = 16 * 1024 * 1024;
 
 /// A started offset-svc.
 pub struct RunningServer {
@@ -53,8 +48,8 @@ impl RunningServer {
         tonic::transport::Endpoint::from_shared(format!("http://{}", self.local_addr))
             .map_err(|_| Error::Internal("local address is not a valid URI"))?
             .tcp_nodelay(true)
-            .initial_stream_window_size(HTTP2_STREAM_WINDOW)
-            .initial_connection_window_size(HTTP2_CONNECTION_WINDOW)
+            .initial_stream_window_size(grpc::HTTP2_STREAM_WINDOW)
+            .initial_connection_window_size(grpc::HTTP2_CONNECTION_WINDOW)
             .connect()
             .await
             .map_err(Error::Serve)
@@ -113,64 +108,21 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> Result<Runnin
         source,
     })?;
     let store = open_store(&config).await?;
-    let (health, health_service) = tonic_health::server::health_reporter();
-    let reflection = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(eventmesh_proto::FILE_DESCRIPTOR_SET)
-        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-        .build_v1()
+    let (health, router) = grpc::standard_router(&[eventmesh_proto::FILE_DESCRIPTOR_SET])
         .map_err(|_| Error::Internal("reflection descriptors do not load"))?;
-    let sync_writes = config.sync_writes;
-    let grpc =
-        OffsetServiceServer::new(OffsetGrpc::new(Arc::clone(&store)).with_forced_sync(sync_writes))
-            .max_decoding_message_size(MAX_MESSAGE_BYTES)
-            .max_encoding_message_size(MAX_MESSAGE_BYTES);
-    for name in ["", "readiness", "liveness"] {
-        health
-            .set_service_status(name, ServingStatus::Serving)
-            .await;
-    }
-    health
-        .set_serving::<OffsetServiceServer<OffsetGrpc>>()
-        .await;
+    let service = OffsetServiceServer::new(
+        OffsetGrpc::new(Arc::clone(&store)).with_forced_sync(config.sync_writes),
+    )
+    .max_decoding_message_size(MAX_MESSAGE_BYTES)
+    .max_encoding_message_size(MAX_MESSAGE_BYTES);
+    let router = router.add_service(service);
     tracing::info!(%local_addr, store = ?config.store, data_dir = %config.data_dir.display(), "offset-svc serving");
-
-    let drain = CancellationToken::new();
-    let server = tonic::transport::Server::builder()
-        .tcp_nodelay(true)
-        // Write batches are tens of kilobytes and several are in flight: the 64 KiB HTTP/2
-        // default windows would stall them on flow control.
-        .initial_stream_window_size(Some(HTTP2_STREAM_WINDOW))
-        .initial_connection_window_size(Some(HTTP2_CONNECTION_WINDOW))
-        .http2_keepalive_interval(Some(Duration::from_secs(10)))
-        .http2_keepalive_timeout(Some(Duration::from_secs(5)))
-        .add_service(health_service)
-        .add_service(reflection)
-        .add_service(grpc)
-        // Our own listener (so port 0 can be reported) does not get the builder's TCP
-        // options: set TCP_NODELAY here, or responses wait on Nagle + delayed ACK (~40 ms).
-        .serve_with_incoming_shutdown(
-            TcpIncoming::from(listener).with_nodelay(Some(true)),
-            drain.clone().cancelled_owned(),
-        );
-    let timeout = Duration::from_secs(config.shutdown_timeout_secs);
+    let drain_timeout = Duration::from_secs(config.shutdown_timeout_secs);
+    let name = <OffsetServiceServer<OffsetGrpc> as NamedService>::NAME;
+    grpc::mark_serving(&health, name).await;
     let token = shutdown.clone();
     let task = tokio::spawn(async move {
-        let mut server = std::pin::pin!(server);
-        tokio::select! {
-            result = &mut server => result?,
-            () = token.cancelled() => {
-                tracing::info!("offset-svc shutting down: readiness off, draining requests");
-                for name in ["", "readiness"] {
-                    health.set_service_status(name, ServingStatus::NotServing).await;
-                }
-                health.set_not_serving::<OffsetServiceServer<OffsetGrpc>>().await;
-                drain.cancel();
-                match tokio::time::timeout(timeout, &mut server).await {
-                    Ok(result) => result?,
-                    Err(_) => tracing::warn!(?timeout, "requests still in flight at the shutdown timeout; stopping anyway"),
-                }
-            }
-        }
+        grpc::serve(router, listener, health, name, token, drain_timeout).await?;
         let flushed = tokio::task::spawn_blocking(move || store.flush())
             .await
             .map_err(|err| Error::Task(err.to_string()))?;

@@ -20,9 +20,11 @@
 //!   recovery, retention) and topics with key partitioning and lite channels.
 //! * [`storage`] — the `Storage` contract and the `local` backend behind it.
 //! * [`alignment`] — reading a group's watermarks from offset-svc and aligning a reader.
+//! * [`service`], [`server`] — the gRPC `PullerService` (alignment before the first poll and on
+//!   every attach, long-poll `Pull`, credit-driven `PullStream`) and its server.
 //!
-//! Not built yet: the gRPC `PullerService` and the binary (periodic checkpoints, attach),
-//! and the Kafka and RocketMQ backends.
+//! Not built yet: the binary and its config (periodic 5 s checkpoints), and the Kafka and
+//! RocketMQ backends.
 
 pub mod alignment;
 pub mod checkpoint;
@@ -30,4 +32,6 @@ pub mod cursors;
 pub mod ingest;
 pub mod local_log;
 pub mod properties;
+pub mod server;
+pub mod service;
 pub mod storage;

@@ -4,30 +4,17 @@
 
 #![allow(clippy::unwrap_used)] // tests: a failed unwrap is a failed test
 
+mod support;
+
 use bytes::Bytes;
 use eventmesh_common::keys::{GroupName, PartitionId, Topic};
-use eventmesh_common::shutdown::CancellationToken;
 use eventmesh_proto::offset::offset_service_client::OffsetServiceClient;
 use eventmesh_proto::offset::{OffsetEntry, OffsetKey, WriteOffsetsRequest};
-use offset_svc::config::{Config, StoreKind};
 use puller_svc::alignment::{AlignError, WatermarkSource, align_reader};
 use puller_svc::cursors::{Alignment, StartAt};
 use puller_svc::local_log::LogSettings;
 use puller_svc::storage::local::LocalStorage;
 use puller_svc::storage::{PollLimits, ReaderKey, Storage};
-
-async fn offset_svc() -> (offset_svc::server::RunningServer, tonic::transport::Channel) {
-    let config = Config {
-        listen: "127.0.0.1:0".parse().unwrap(),
-        store: StoreKind::Memory,
-        ..Config::default()
-    };
-    let server = offset_svc::server::start(config, CancellationToken::new())
-        .await
-        .unwrap();
-    let channel = server.channel().await.unwrap();
-    (server, channel)
-}
 
 async fn write_watermark(
     channel: &tonic::transport::Channel,
@@ -87,7 +74,7 @@ async fn storage_with_pulled(dir: &std::path::Path, readers: &[&ReaderKey]) -> L
 
 #[tokio::test]
 async fn watermarks_from_offset_svc_rewind_each_group() {
-    let (server, channel) = offset_svc().await;
+    let (server, channel) = support::memory_offset_svc().await;
     let dir = tempfile::tempdir().unwrap();
     let topic = Topic::new("orders").unwrap();
     let default = ReaderKey {
@@ -149,15 +136,7 @@ async fn an_unreachable_offset_svc_moves_nothing() {
     let topic = Topic::new("orders").unwrap();
     let reader = ReaderKey { group: None, topic };
     let storage = storage_with_pulled(dir.path(), &[&reader]).await;
-    // A port nothing listens on (bound, then released).
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let channel = tonic::transport::Endpoint::from_shared(format!("http://127.0.0.1:{port}"))
-        .unwrap()
-        .connect_lazy();
+    let channel = support::unreachable_channel();
     let err = align_reader(&storage, &WatermarkSource::new(channel), &reader)
         .await
         .unwrap_err();

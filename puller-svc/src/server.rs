@@ -1,0 +1,106 @@
+//! Running the puller's gRPC server: PullerService with health and reflection, served and
+//! drained by `eventmesh_common::grpc`, then a final checkpoint of every reader's cursors.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use eventmesh_common::grpc;
+use eventmesh_common::shutdown::CancellationToken;
+use eventmesh_proto::puller::puller_service_server::PullerServiceServer;
+use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
+use tonic::server::NamedService;
+
+use crate::service::PullerGrpc;
+use crate::storage::{Storage, StorageError};
+
+/// Largest message either way (a batch of frames up to the frame limit).
+pub const MAX_MESSAGE_BYTES: usize = 64 * 1024 * 1024;
+
+/// Why the server stopped badly.
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    /// Binding failed.
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        /// The address.
+        addr: SocketAddr,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// Serving failed.
+    #[error("gRPC server failed: {0}")]
+    Serve(#[from] tonic::transport::Error),
+    /// The final checkpoint failed.
+    #[error("final checkpoint failed: {0}")]
+    Checkpoint(#[from] StorageError),
+    /// A task died.
+    #[error("server task failed: {0}")]
+    Task(String),
+}
+
+/// A started puller server.
+pub struct RunningServer {
+    local_addr: SocketAddr,
+    shutdown: CancellationToken,
+    task: JoinHandle<Result<(), ServerError>>,
+}
+
+impl RunningServer {
+    /// The bound address.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    /// Starts the ordered shutdown.
+    pub fn shutdown(&self) {
+        self.shutdown.cancel();
+    }
+
+    /// Waits for the server to stop and the final checkpoint.
+    pub async fn wait(self) -> Result<(), ServerError> {
+        self.task
+            .await
+            .map_err(|err| ServerError::Task(err.to_string()))?
+    }
+}
+
+/// Binds `listen` and serves `grpc` over `storage` until `shutdown` is cancelled.
+pub async fn start(
+    listen: SocketAddr,
+    storage: Arc<dyn Storage>,
+    grpc_service: PullerGrpc,
+    shutdown: CancellationToken,
+    drain_timeout: Duration,
+) -> Result<RunningServer, ServerError> {
+    let bind_error = |source| ServerError::Bind {
+        addr: listen,
+        source,
+    };
+    let listener = TcpListener::bind(listen).await.map_err(bind_error)?;
+    let local_addr = listener.local_addr().map_err(bind_error)?;
+    let (health, router) = grpc::standard_router(&[eventmesh_proto::FILE_DESCRIPTOR_SET])
+        .map_err(|err| ServerError::Task(err.to_string()))?;
+    let router = router.add_service(
+        PullerServiceServer::new(grpc_service)
+            .max_decoding_message_size(MAX_MESSAGE_BYTES)
+            .max_encoding_message_size(MAX_MESSAGE_BYTES),
+    );
+    let name = <PullerServiceServer<PullerGrpc> as NamedService>::NAME;
+    grpc::mark_serving(&health, name).await;
+    let token = shutdown.clone();
+    let backend = storage.backend();
+    let task = tokio::spawn(async move {
+        grpc::serve(router, listener, health, name, token, drain_timeout).await?;
+        storage.checkpoint().await?;
+        tracing::info!("puller-svc stopped; cursors checkpointed");
+        Ok(())
+    });
+    tracing::info!(%local_addr, backend, "puller-svc serving");
+    Ok(RunningServer {
+        local_addr,
+        shutdown,
+        task,
+    })
+}
