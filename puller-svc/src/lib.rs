@@ -23,11 +23,13 @@
 //! * [`service`], [`server`] — the gRPC `PullerService` (alignment before the first poll and on
 //!   every attach, long-poll `Pull`, credit-driven `PullStream`) and its server.
 //!
-//! Not built yet: the binary and its config (periodic 5 s checkpoints), and the Kafka and
-//! RocketMQ backends.
+//! * [`config`] and the `puller-svc` binary (periodic checkpoints every 5 s by default).
+//!
+//! Not built yet: the Kafka and RocketMQ backends.
 
 pub mod alignment;
 pub mod checkpoint;
+pub mod config;
 pub mod cursors;
 pub mod ingest;
 pub mod local_log;

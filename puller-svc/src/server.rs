@@ -66,6 +66,30 @@ impl RunningServer {
     }
 }
 
+/// Checkpoints every reader's cursors every `interval` until `shutdown` (the server itself
+/// writes the final checkpoint). A failed checkpoint is logged and retried next time: the
+/// cursors stay in memory and alignment covers a crash meanwhile.
+pub fn spawn_checkpoints(
+    storage: Arc<dyn Storage>,
+    interval: Duration,
+    shutdown: CancellationToken,
+) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut ticks = tokio::time::interval(interval);
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                () = shutdown.cancelled() => return,
+                _ = ticks.tick() => {
+                    if let Err(err) = storage.checkpoint().await {
+                        tracing::error!(error = %err, "periodic cursor checkpoint failed; retrying at the next interval");
+                    }
+                }
+            }
+        }
+    })
+}
+
 /// Binds `listen` and serves `grpc` over `storage` until `shutdown` is cancelled.
 pub async fn start(
     listen: SocketAddr,

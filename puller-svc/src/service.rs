@@ -41,6 +41,7 @@ pub struct PullerGrpc {
     watermarks: WatermarkSource,
     aligned: Arc<Mutex<HashSet<ReaderKey>>>,
     limits: PollLimits,
+    default_partitions: u32,
 }
 
 fn parse_reader(field: &str, reader: Option<&pb::GroupTopic>) -> Result<ReaderKey, FieldError> {
@@ -121,7 +122,14 @@ impl PullerGrpc {
             watermarks,
             aligned: Arc::default(),
             limits: PollLimits::default(),
+            default_partitions: DEFAULT_PARTITIONS,
         }
+    }
+
+    /// Partitions of topics created without a count.
+    pub fn with_default_partitions(mut self, partitions: u32) -> Self {
+        self.default_partitions = partitions.max(1);
+        self
     }
 
     fn is_aligned(&self, reader: &ReaderKey) -> bool {
@@ -338,7 +346,7 @@ impl PullerService for PullerGrpc {
         let request = request.into_inner();
         let topic = parse_topic("topic", &request.topic)?;
         let partitions = match request.partitions {
-            0 => DEFAULT_PARTITIONS,
+            0 => self.default_partitions,
             n => n,
         };
         let created = self.storage.create_topic(&topic, partitions).await?;

@@ -1,0 +1,255 @@
+//! puller-svc configuration: built-in defaults < TOML file (`--config`) < environment
+//! (`EM_PULLER_*`) < flags. Every setting is listed in `docs/CONFIG.md`.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use clap::Parser;
+use eventmesh_common::config::{ConfigError, apply, load_file};
+use eventmesh_common::telemetry::LogFormat;
+use serde::Deserialize;
+
+use crate::cursors::StartAt;
+use crate::local_log::LogSettings;
+
+/// Which MQ backend the puller reads.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Backend {
+    /// The embedded local log in `data_dir` (one machine, demos, tests).
+    #[default]
+    Local,
+}
+
+/// Where a reader without a cursor or watermark starts.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Start {
+    /// The oldest retained record.
+    #[default]
+    Earliest,
+    /// Only new records.
+    Latest,
+}
+
+impl From<Start> for StartAt {
+    fn from(start: Start) -> Self {
+        match start {
+            Start::Earliest => StartAt::Earliest,
+            Start::Latest => StartAt::Latest,
+        }
+    }
+}
+
+/// The effective configuration.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    /// gRPC listen address; port 0 picks a free port (printed on stdout).
+    pub listen: SocketAddr,
+    /// Prometheus `/metrics` listen address.
+    pub metrics_listen: SocketAddr,
+    /// Cursor checkpoints and (for `local`) the log itself.
+    pub data_dir: PathBuf,
+    /// MQ backend.
+    pub backend: Backend,
+    /// offset-svc endpoint, for the group watermarks.
+    pub offset_svc: String,
+    /// How often cursors are checkpointed, milliseconds (also at shutdown).
+    pub checkpoint_interval_ms: u64,
+    /// Where a reader with neither cursor nor watermark starts.
+    pub start: Start,
+    /// Partitions of a topic created without a count.
+    pub default_partitions: u32,
+    /// Local log: segment size, bytes.
+    pub segment_bytes: u64,
+    /// Local log: keep at most about this many bytes per partition; 0 keeps everything.
+    pub retention_bytes: u64,
+    /// Local log: drop segments older than this many hours; 0 keeps everything.
+    pub retention_hours: u64,
+    /// Local log: fsync every append (survives an OS crash, slower).
+    pub sync_appends: bool,
+    /// Log line format.
+    pub log_format: LogFormat,
+    /// Longest a graceful shutdown waits for open requests and streams, seconds.
+    pub shutdown_timeout_secs: u64,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            listen: SocketAddr::from(([127, 0, 0, 1], 50052)),
+            metrics_listen: SocketAddr::from(([127, 0, 0, 1], 9152)),
+            data_dir: PathBuf::from("data/puller"),
+            backend: Backend::Local,
+            offset_svc: "http://127.0.0.1:50053".into(),
+            checkpoint_interval_ms: 5_000,
+            start: Start::Earliest,
+            default_partitions: 4,
+            segment_bytes: 64 * 1024 * 1024,
+            retention_bytes: 0,
+            retention_hours: 168,
+            sync_appends: false,
+            log_format: LogFormat::Text,
+            shutdown_timeout_secs: 10,
+        }
+    }
+}
+
+impl Config {
+    /// The local log settings this configuration implies.
+    pub fn log_settings(&self) -> LogSettings {
+        LogSettings {
+            segment_bytes: self.segment_bytes,
+            retention_bytes: (self.retention_bytes > 0).then_some(self.retention_bytes),
+            retention_ms: (self.retention_hours > 0)
+                .then_some(self.retention_hours as i64 * 3_600_000),
+            sync: self.sync_appends,
+        }
+    }
+}
+
+/// Command-line flags; each also reads an environment variable.
+#[derive(Debug, Parser)]
+#[command(
+    name = "puller-svc",
+    version,
+    about = "The EventMesh puller: per-group MQ pull cursors, checkpointed and aligned to the ACK watermark."
+)]
+pub struct Args {
+    /// TOML config file.
+    #[arg(long, env = "EM_PULLER_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// gRPC listen address [default: 127.0.0.1:50052].
+    #[arg(long, env = "EM_PULLER_LISTEN")]
+    pub listen: Option<SocketAddr>,
+    /// Prometheus /metrics listen address [default: 127.0.0.1:9152].
+    #[arg(long, env = "EM_PULLER_METRICS_LISTEN")]
+    pub metrics_listen: Option<SocketAddr>,
+    /// Data directory [default: data/puller].
+    #[arg(long, env = "EM_PULLER_DATA_DIR")]
+    pub data_dir: Option<PathBuf>,
+    /// MQ backend [default: local].
+    #[arg(long, env = "EM_PULLER_BACKEND")]
+    pub backend: Option<Backend>,
+    /// offset-svc endpoint [default: http://127.0.0.1:50053].
+    #[arg(long, env = "EM_PULLER_OFFSET_SVC")]
+    pub offset_svc: Option<String>,
+    /// Checkpoint interval, ms [default: 5000].
+    #[arg(long, env = "EM_PULLER_CHECKPOINT_INTERVAL_MS")]
+    pub checkpoint_interval_ms: Option<u64>,
+    /// Start of a reader with no cursor and no watermark [default: earliest].
+    #[arg(long, env = "EM_PULLER_START")]
+    pub start: Option<Start>,
+    /// Partitions of topics created without a count [default: 4].
+    #[arg(long, env = "EM_PULLER_DEFAULT_PARTITIONS")]
+    pub default_partitions: Option<u32>,
+    /// Local log segment size, bytes [default: 67108864].
+    #[arg(long, env = "EM_PULLER_SEGMENT_BYTES")]
+    pub segment_bytes: Option<u64>,
+    /// Local log retention per partition, bytes; 0 keeps everything [default: 0].
+    #[arg(long, env = "EM_PULLER_RETENTION_BYTES")]
+    pub retention_bytes: Option<u64>,
+    /// Local log retention, hours; 0 keeps everything [default: 168].
+    #[arg(long, env = "EM_PULLER_RETENTION_HOURS")]
+    pub retention_hours: Option<u64>,
+    /// fsync every local append.
+    #[arg(long, env = "EM_PULLER_SYNC_APPENDS")]
+    pub sync_appends: Option<bool>,
+    /// Log format [default: text].
+    #[arg(long, env = "EM_PULLER_LOG_FORMAT")]
+    pub log_format: Option<LogFormat>,
+    /// Graceful shutdown timeout, seconds [default: 10].
+    #[arg(long, env = "EM_PULLER_SHUTDOWN_TIMEOUT_SECS")]
+    pub shutdown_timeout_secs: Option<u64>,
+}
+
+impl Args {
+    /// Resolves the effective configuration.
+    pub fn into_config(self) -> Result<Config, ConfigError> {
+        let mut config: Config = load_file(self.config.as_deref())?;
+        apply(&mut config.listen, self.listen);
+        apply(&mut config.metrics_listen, self.metrics_listen);
+        apply(&mut config.data_dir, self.data_dir);
+        apply(&mut config.backend, self.backend);
+        apply(&mut config.offset_svc, self.offset_svc);
+        apply(
+            &mut config.checkpoint_interval_ms,
+            self.checkpoint_interval_ms,
+        );
+        apply(&mut config.start, self.start);
+        apply(&mut config.default_partitions, self.default_partitions);
+        apply(&mut config.segment_bytes, self.segment_bytes);
+        apply(&mut config.retention_bytes, self.retention_bytes);
+        apply(&mut config.retention_hours, self.retention_hours);
+        apply(&mut config.sync_appends, self.sync_appends);
+        apply(&mut config.log_format, self.log_format);
+        apply(
+            &mut config.shutdown_timeout_secs,
+            self.shutdown_timeout_secs,
+        );
+        if config.checkpoint_interval_ms == 0 {
+            return Err(ConfigError::Invalid {
+                key: "checkpoint_interval_ms",
+                message: "must be at least 1".into(),
+            });
+        }
+        if config.default_partitions == 0 {
+            return Err(ConfigError::Invalid {
+                key: "default_partitions",
+                message: "must be at least 1".into(),
+            });
+        }
+        Ok(config)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_file_and_flags() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("puller.toml");
+        std::fs::write(
+            &file,
+            "checkpoint_interval_ms = 1000\nretention_hours = 0\n",
+        )
+        .unwrap();
+        let config = Args::parse_from([
+            "puller-svc",
+            "--config",
+            file.to_str().unwrap(),
+            "--start",
+            "latest",
+        ])
+        .into_config()
+        .unwrap();
+        assert_eq!(config.checkpoint_interval_ms, 1000);
+        assert_eq!(config.start, Start::Latest);
+        assert_eq!(config.listen, Config::default().listen);
+        assert_eq!(
+            config.log_settings().retention_ms,
+            None,
+            "0 keeps everything"
+        );
+        assert_eq!(config.log_settings().retention_bytes, None);
+    }
+
+    #[test]
+    fn invalid_values_are_refused() {
+        let err = Args::parse_from(["puller-svc", "--checkpoint-interval-ms", "0"])
+            .into_config()
+            .unwrap_err();
+        assert!(err.to_string().contains("checkpoint_interval_ms"), "{err}");
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("bad.toml");
+        std::fs::write(&file, "backend = \"pulsar\"\n").unwrap();
+        assert!(
+            Args::parse_from(["puller-svc", "--config", file.to_str().unwrap()])
+                .into_config()
+                .is_err()
+        );
+    }
+}

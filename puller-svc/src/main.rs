@@ -1,0 +1,65 @@
+//! The puller-svc binary: parse flags, open the backend, serve until SIGINT/SIGTERM, with
+//! periodic cursor checkpoints and a final one at shutdown.
+
+use std::io::Write;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::Parser;
+use puller_svc::alignment::WatermarkSource;
+use puller_svc::config::{Args, Backend};
+use puller_svc::server::{spawn_checkpoints, start};
+use puller_svc::service::PullerGrpc;
+use puller_svc::storage::Storage;
+use puller_svc::storage::local::LocalStorage;
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let config = Args::parse().into_config()?;
+    let _telemetry = eventmesh_common::telemetry::init("puller-svc", config.log_format)?;
+    eventmesh_common::metrics::install(config.metrics_listen)?;
+    let shutdown =
+        eventmesh_common::shutdown::on_signals().context("installing signal handlers")?;
+    let storage: Arc<dyn Storage> = match config.backend {
+        Backend::Local => {
+            let (dir, settings, start_at) = (
+                config.data_dir.clone(),
+                config.log_settings(),
+                config.start.into(),
+            );
+            // Recovery scans every segment: keep it off the async workers.
+            Arc::new(
+                tokio::task::spawn_blocking(move || LocalStorage::open(dir, settings, start_at))
+                    .await??,
+            )
+        }
+    };
+    // Lazy: the puller starts even while offset-svc is down; readers then wait for it.
+    let offset_svc = tonic::transport::Endpoint::from_shared(config.offset_svc.clone())
+        .with_context(|| format!("invalid offset_svc endpoint {:?}", config.offset_svc))?
+        .connect_lazy();
+    let grpc = PullerGrpc::new(Arc::clone(&storage), WatermarkSource::new(offset_svc))
+        .with_default_partitions(config.default_partitions);
+    let server = start(
+        config.listen,
+        Arc::clone(&storage),
+        grpc,
+        shutdown.clone(),
+        Duration::from_secs(config.shutdown_timeout_secs),
+    )
+    .await?;
+    let checkpoints = spawn_checkpoints(
+        storage,
+        Duration::from_millis(config.checkpoint_interval_ms),
+        shutdown,
+    );
+    // The one line on stdout: scripts and tests read the bound address from it.
+    let mut stdout = std::io::stdout().lock();
+    writeln!(stdout, "puller-svc listening on {}", server.local_addr())?;
+    stdout.flush()?;
+    drop(stdout);
+    server.wait().await?;
+    checkpoints.await?;
+    Ok(())
+}

@@ -1,0 +1,218 @@
+//! The real puller-svc binary on the local backend, next to a real offset-svc: `kill -9`
+//! during a stream of publishes loses no acknowledged record; a reader resumes from its
+//! checkpoint after the restart, and from the watermark once a dispatcher attaches.
+
+#![allow(clippy::unwrap_used)] // tests: a failed unwrap is a failed test
+
+mod support;
+
+use std::collections::BTreeSet;
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use eventmesh_common::frame::{Frame, FrameLimits};
+use eventmesh_proto::offset::offset_service_client::OffsetServiceClient;
+use eventmesh_proto::offset::{OffsetEntry, OffsetKey, WriteOffsetsRequest};
+use eventmesh_proto::puller::puller_service_client::PullerServiceClient;
+use eventmesh_proto::puller::{self as pb};
+use tonic::transport::Channel;
+
+/// Kills the child on drop, so a failing assertion leaves no process behind.
+struct Puller {
+    child: Child,
+    client: PullerServiceClient<Channel>,
+}
+
+impl Puller {
+    async fn start(data_dir: &Path, offset_svc: &str) -> Puller {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_puller-svc"))
+            .args(["--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"])
+            .args([
+                "--checkpoint-interval-ms",
+                "100",
+                "--offset-svc",
+                offset_svc,
+                "--data-dir",
+            ])
+            .arg(data_dir)
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let addr = line
+            .trim()
+            .strip_prefix("puller-svc listening on ")
+            .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
+            .to_owned();
+        let client = PullerServiceClient::connect(format!("http://{addr}"))
+            .await
+            .unwrap();
+        Puller { child, client }
+    }
+
+    fn kill9(&mut self) {
+        self.child.kill().unwrap();
+        self.child.wait().unwrap();
+    }
+}
+
+impl Drop for Puller {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn event(id: u64) -> Bytes {
+    let mut frame = Frame::event();
+    frame.set_attribute("id", id.to_string());
+    frame.encode(&FrameLimits::DEFAULT).unwrap()
+}
+
+fn reader(group: &str) -> pb::GroupTopic {
+    pb::GroupTopic {
+        group: group.into(),
+        topic: "crash".into(),
+    }
+}
+
+async fn pull_ids(client: &mut PullerServiceClient<Channel>, group: &str, max: u32) -> Vec<u64> {
+    let response = client
+        .pull(pb::PullRequest {
+            reader: Some(reader(group)),
+            max_records: max,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    response
+        .records
+        .iter()
+        .map(|r| {
+            let frame = Frame::decode(&r.frame, &FrameLimits::DEFAULT).unwrap();
+            frame.attribute("id").unwrap().parse().unwrap()
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn kill_minus_nine_loses_no_acknowledged_publish_and_cursors_resume() {
+    let (offsets, offset_channel) = support::memory_offset_svc().await;
+    let offset_url = format!("http://{}", offsets.local_addr());
+    let dir = tempfile::tempdir().unwrap();
+    let mut puller = Puller::start(dir.path(), &offset_url).await;
+    puller
+        .client
+        .create_topic(pb::CreateTopicRequest {
+            topic: "crash".into(),
+            partitions: 1,
+        })
+        .await
+        .unwrap();
+    // One reader reads 40 records before the crash; its cursor is checkpointed.
+    let acked: Arc<Mutex<BTreeSet<u64>>> = Arc::default();
+    let mut writers = Vec::new();
+    for w in 0..3u64 {
+        let (mut client, acked) = (puller.client.clone(), Arc::clone(&acked));
+        writers.push(tokio::spawn(async move {
+            for i in 0.. {
+                let id = w * 1_000_000 + i;
+                let request = pb::PublishRequest {
+                    topic: "crash".into(),
+                    body: event(id),
+                    ..Default::default()
+                };
+                match client.publish(request).await {
+                    Ok(_) => acked.lock().unwrap().insert(id),
+                    Err(_) => return,
+                };
+            }
+        }));
+    }
+    while acked.lock().unwrap().len() < 300 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let first = pull_ids(&mut puller.client, "g", 40).await;
+    assert_eq!(first.len(), 40);
+    let checkpoint = dir.path().join("local-pull-offsets@g.properties");
+    for _ in 0..100 {
+        if std::fs::read_to_string(&checkpoint).is_ok_and(|t| t.contains("crash\\#0=40")) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        std::fs::read_to_string(&checkpoint)
+            .unwrap()
+            .contains("crash\\#0=40")
+    );
+    puller.kill9();
+    for writer in writers {
+        writer.await.unwrap();
+    }
+    let acked = acked.lock().unwrap().clone();
+
+    let mut puller = Puller::start(dir.path(), &offset_url).await;
+    // Every acknowledged publish is there (read by a fresh group from the start).
+    let mut all = BTreeSet::new();
+    loop {
+        let batch = pull_ids(&mut puller.client, "audit", 1_000).await;
+        if batch.is_empty() {
+            break;
+        }
+        all.extend(batch);
+    }
+    let missing: Vec<_> = acked.difference(&all).collect();
+    assert!(
+        missing.is_empty(),
+        "{} acknowledged publishes lost, e.g. {:?}",
+        missing.len(),
+        &missing[..missing.len().min(5)]
+    );
+    // The reader resumes from its checkpoint (no watermark yet): record 40 onwards.
+    let resumed = pull_ids(&mut puller.client, "g", 5).await;
+    assert_eq!(resumed.len(), 5);
+    assert_ne!(resumed[0], first[0], "not from the beginning");
+    // The dispatcher settled up to offset 19 only, then re-attaches: 20 onwards again.
+    OffsetServiceClient::new(offset_channel)
+        .write_offsets(WriteOffsetsRequest {
+            entries: vec![OffsetEntry {
+                key: Some(OffsetKey {
+                    topic: "crash".into(),
+                    client_id: "__mqcursor@g__".into(),
+                    partition: "0".into(),
+                }),
+                offset: 19,
+            }],
+            sync: false,
+        })
+        .await
+        .unwrap();
+    let attached = puller
+        .client
+        .attach(pb::AttachRequest {
+            dispatcher_id: "d".into(),
+            readers: vec![reader("g")],
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(attached.cursors[0].next_offset, 20);
+    assert_eq!(
+        pull_ids(&mut puller.client, "g", 20).await,
+        first[20..40].to_vec()
+    );
+    drop(puller);
+    offsets.shutdown();
+    offsets.wait().await.unwrap();
+}
