@@ -1,20 +1,31 @@
 #!/usr/bin/env bash
-# The run command: installs what is missing, builds, starts offset-svc on 127.0.0.1:50053
-# with its RocksDB in ./data/offset, shows CAS-max offsets being written and read over gRPC,
-# then keeps serving until Ctrl-C (graceful shutdown flushes the store).
+# The run command: installs what is missing, builds, starts offset-svc (127.0.0.1:50053) and
+# puller-svc on the embedded local backend (127.0.0.1:50052) with data in ./data, shows them
+# working (CAS-max offsets; publish, pull, watermark alignment on attach), then keeps serving
+# until Ctrl-C (graceful shutdown flushes offsets and checkpoints cursors).
 source "$(dirname "$0")/common.sh"
 ensure_build_deps
 cd "$REPO_ROOT"
-log "building (first build compiles RocksDB: about 15 minutes on 2 cores)"
-cargo build --locked --release -p offset-svc --bin offset-svc --example offset_demo
+log "building (the first build compiles RocksDB: about 15 minutes on 2 cores)"
+cargo build --locked --release -p offset-svc -p puller-svc --bins --example offset_demo --example puller_demo
 BIN="$CARGO_TARGET_DIR/release"
 DATA_DIR="${EM_DATA_DIR:-$REPO_ROOT/data}"
-LISTEN="${EM_OFFSET_LISTEN:-127.0.0.1:50053}"
 mkdir -p "$DATA_DIR"
 
-"$BIN/offset-svc" --listen "$LISTEN" --data-dir "$DATA_DIR/offset" &
-SVC_PID=$!
-trap 'kill -TERM "$SVC_PID" 2>/dev/null; wait "$SVC_PID" 2>/dev/null' EXIT INT TERM
-"$BIN/examples/offset_demo" --endpoint "http://$LISTEN"
-log "offset-svc is serving on $LISTEN (data in $DATA_DIR/offset); Ctrl-C to stop"
-wait "$SVC_PID"
+pids=()
+stop() {
+  for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
+  for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
+}
+trap stop EXIT INT TERM
+
+"$BIN/offset-svc" --listen 127.0.0.1:50053 --metrics-listen 127.0.0.1:9153 --data-dir "$DATA_DIR/offset" &
+pids+=($!)
+"$BIN/puller-svc" --listen 127.0.0.1:50052 --metrics-listen 127.0.0.1:9152 \
+  --offset-svc http://127.0.0.1:50053 --data-dir "$DATA_DIR/puller" &
+pids+=($!)
+
+"$BIN/examples/offset_demo" --endpoint http://127.0.0.1:50053
+"$BIN/examples/puller_demo" --puller http://127.0.0.1:50052 --offsets http://127.0.0.1:50053
+log "offset-svc on 127.0.0.1:50053 and puller-svc on 127.0.0.1:50052 are serving (data in $DATA_DIR); Ctrl-C to stop"
+wait "${pids[@]}"
