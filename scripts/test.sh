@@ -3,6 +3,8 @@
 # with one total line. Extra arguments go to `cargo test` (e.g. `scripts/test.sh -p offset-svc`).
 source "$(dirname "$0")/common.sh"
 ensure_build_deps
+# The Kafka backend's tests start a real Kafka-compatible broker (tansu) on loopback.
+bash "$REPO_ROOT/scripts/kafka.sh" install
 cd "$REPO_ROOT"
 log "cargo test (target dir: $CARGO_TARGET_DIR)"
 output="$(mktemp)"

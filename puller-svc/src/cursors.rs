@@ -17,9 +17,11 @@
 //! Cursors persist in the group's checkpoint file ([`crate::checkpoint`]); `checkpoint` writes
 //! only when something changed.
 
+use std::collections::HashMap;
 use std::path::PathBuf;
+use std::sync::Mutex;
 
-use eventmesh_common::keys::{GroupName, PullKey};
+use eventmesh_common::keys::{GroupName, PartitionId, PullKey, Topic};
 
 use crate::checkpoint::{self, CheckpointError, Cursors, Loaded};
 
@@ -181,6 +183,59 @@ impl GroupCursors {
         checkpoint::store(&self.path, &self.cursors)?;
         self.dirty = false;
         Ok(true)
+    }
+}
+
+/// Every group's cursors of one backend, loaded on first use: what each backend keeps.
+#[derive(Debug)]
+pub struct CursorBook {
+    dir: PathBuf,
+    backend: &'static str,
+    groups: Mutex<HashMap<Option<GroupName>, GroupCursors>>,
+}
+
+impl CursorBook {
+    /// Cursors of `backend` with their checkpoint files in `dir`.
+    pub fn new(dir: impl Into<PathBuf>, backend: &'static str) -> Self {
+        CursorBook {
+            dir: dir.into(),
+            backend,
+            groups: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Runs `work` on a group's cursors (loading its checkpoint the first time).
+    pub fn with<T>(
+        &self,
+        group: &Option<GroupName>,
+        work: impl FnOnce(&mut GroupCursors) -> T,
+    ) -> T {
+        let mut groups = self.groups.lock().unwrap_or_else(|p| p.into_inner());
+        let cursors = groups
+            .entry(group.clone())
+            .or_insert_with(|| GroupCursors::load(&self.dir, self.backend, group.as_ref()));
+        work(cursors)
+    }
+
+    /// A group's cursors on one topic.
+    pub fn list(&self, group: &Option<GroupName>, topic: &Topic) -> Vec<(PartitionId, i64)> {
+        self.with(group, |cursors| {
+            cursors
+                .all()
+                .iter()
+                .filter(|(key, _)| key.topic == *topic)
+                .map(|(key, next)| (key.partition.clone(), *next))
+                .collect()
+        })
+    }
+
+    /// Checkpoints every group that changed.
+    pub fn checkpoint_all(&self) -> Result<(), CheckpointError> {
+        let mut groups = self.groups.lock().unwrap_or_else(|p| p.into_inner());
+        for cursors in groups.values_mut() {
+            cursors.checkpoint()?;
+        }
+        Ok(())
     }
 }
 

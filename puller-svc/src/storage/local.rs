@@ -7,19 +7,18 @@
 //! failure half-way returns what was read and leaves the rest for the next poll (the
 //! reference's loss path L3). A read that races retention re-resolves the cursor once.
 
-use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use bytes::Bytes;
 use eventmesh_common::frame::FrameLimits;
-use eventmesh_common::keys::{GroupName, PartitionId, PullKey, Topic};
+use eventmesh_common::keys::{PartitionId, PullKey, Topic};
 
 use super::{
     AckPulledOutcome, Appended, CoveredRange, PartitionRange, PollLimits, PolledBatch,
     PolledRecord, ReaderKey, Storage, StorageError,
 };
-use crate::cursors::{Alignment, GroupCursors, StartAt};
+use crate::cursors::{Alignment, CursorBook, GroupCursors, StartAt};
 use crate::ingest::{Origin, ingest};
 use crate::local_log::partition::now_ms;
 use crate::local_log::{LocalLog, LogError, LogSettings, TopicError};
@@ -50,10 +49,9 @@ impl From<TopicError> for StorageError {
 
 struct Inner {
     log: LocalLog,
-    data_dir: PathBuf,
     start_at: StartAt,
     limits: FrameLimits,
-    readers: Mutex<HashMap<Option<GroupName>, GroupCursors>>,
+    cursors: CursorBook,
 }
 
 /// The embedded local backend.
@@ -74,10 +72,9 @@ impl LocalStorage {
         Ok(LocalStorage {
             inner: Arc::new(Inner {
                 log,
-                data_dir,
                 start_at,
                 limits: FrameLimits::DEFAULT,
-                readers: Mutex::new(HashMap::new()),
+                cursors: CursorBook::new(&data_dir, BACKEND),
             }),
         })
     }
@@ -95,18 +92,6 @@ impl LocalStorage {
 }
 
 impl Inner {
-    fn with_cursors<T>(
-        &self,
-        group: &Option<GroupName>,
-        work: impl FnOnce(&mut GroupCursors) -> T,
-    ) -> T {
-        let mut readers = self.readers.lock().unwrap_or_else(|p| p.into_inner());
-        let cursors = readers
-            .entry(group.clone())
-            .or_insert_with(|| GroupCursors::load(&self.data_dir, BACKEND, group.as_ref()));
-        work(cursors)
-    }
-
     /// Reads one partition from the reader's cursor without moving it; re-resolves once if
     /// retention removed the start meanwhile.
     fn read_partition(
@@ -143,7 +128,7 @@ impl Inner {
         start_at: StartAt,
         limits: PollLimits,
     ) -> Result<PolledBatch, StorageError> {
-        self.with_cursors(&reader.group, |cursors| {
+        self.cursors.with(&reader.group, |cursors| {
             // Share the record limit among the partitions that have something to read.
             let pending: Vec<&PartitionRange> = targets
                 .iter()
@@ -283,7 +268,9 @@ impl Storage for LocalStorage {
         let key = PullKey::new(reader.topic.clone(), partition.clone());
         let group = reader.group.clone();
         self.blocking(move |inner| {
-            Ok(inner.with_cursors(&group, |cursors| cursors.align(&key, watermark)))
+            Ok(inner
+                .cursors
+                .with(&group, |cursors| cursors.align(&key, watermark)))
         })
         .await
     }
@@ -296,28 +283,16 @@ impl Storage for LocalStorage {
 
     async fn cursors(&self, reader: &ReaderKey) -> Result<Vec<(PartitionId, i64)>, StorageError> {
         let reader = reader.clone();
-        self.blocking(move |inner| {
-            Ok(inner.with_cursors(&reader.group, |cursors| {
-                cursors
-                    .all()
-                    .iter()
-                    .filter(|(key, _)| key.topic == reader.topic)
-                    .map(|(key, next)| (key.partition.clone(), *next))
-                    .collect()
-            }))
-        })
-        .await
+        self.blocking(move |inner| Ok(inner.cursors.list(&reader.group, &reader.topic)))
+            .await
     }
 
     async fn checkpoint(&self) -> Result<(), StorageError> {
         self.blocking(|inner| {
-            let mut readers = inner.readers.lock().unwrap_or_else(|p| p.into_inner());
-            for cursors in readers.values_mut() {
-                cursors
-                    .checkpoint()
-                    .map_err(|err| StorageError::Unavailable(err.to_string()))?;
-            }
-            Ok(())
+            inner
+                .cursors
+                .checkpoint_all()
+                .map_err(|err| StorageError::Unavailable(err.to_string()))
         })
         .await
     }

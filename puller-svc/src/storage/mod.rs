@@ -11,6 +11,7 @@
 //! per partition it advanced, the `[first, next)` range it covered, so offsets the MQ skipped
 //! count as settled.
 
+pub mod kafka;
 pub mod local;
 
 use bytes::Bytes;

@@ -1,0 +1,361 @@
+//! The `kafka` backend against a real Kafka-compatible broker (tansu on loopback, started by
+//! `scripts/kafka.sh` unless `KAFKA_BOOTSTRAP` names one). One test runs the scenarios in
+//! sequence so exactly one broker is started and stopped.
+
+#![allow(clippy::unwrap_used)] // tests: a failed unwrap is a failed test
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use bytes::Bytes;
+use eventmesh_common::frame::{Frame, FrameLimits};
+use eventmesh_common::keys::{GroupName, PartitionId, Topic};
+use puller_svc::cursors::{Alignment, StartAt};
+use puller_svc::ingest::BodyKind;
+use puller_svc::storage::kafka::KafkaStorage;
+use puller_svc::storage::{PollLimits, PolledBatch, ReaderKey, Storage, StorageError};
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::{Header, OwnedHeaders};
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::{Offset, TopicPartitionList};
+
+/// A broker for this test: the one in KAFKA_BOOTSTRAP, or tansu started here (stopped on drop).
+struct Broker {
+    bootstrap: String,
+    started_in: Option<tempfile::TempDir>,
+}
+
+fn script() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/kafka.sh")
+}
+
+impl Broker {
+    fn get() -> Broker {
+        if let Ok(bootstrap) = std::env::var("KAFKA_BOOTSTRAP") {
+            return Broker {
+                bootstrap,
+                started_in: None,
+            };
+        }
+        Broker::start_own()
+    }
+
+    /// A broker of this test's own (to freeze it without disturbing anyone else).
+    fn start_own() -> Broker {
+        let dir = tempfile::tempdir().unwrap();
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let status = Command::new("bash")
+            .arg(script())
+            .arg("start")
+            .arg(dir.path())
+            .arg(port.to_string())
+            .status()
+            .unwrap();
+        assert!(
+            status.success(),
+            "could not start tansu (scripts/kafka.sh install builds it)"
+        );
+        Broker {
+            bootstrap: format!("127.0.0.1:{port}"),
+            started_in: Some(dir),
+        }
+    }
+}
+
+impl Broker {
+    fn signal(&self, signal: &str) {
+        let dir = self
+            .started_in
+            .as_ref()
+            .expect("only our own broker is signalled");
+        let pid = std::fs::read_to_string(dir.path().join("tansu.pid")).unwrap();
+        let status = Command::new("kill")
+            .arg(signal)
+            .arg(pid.trim())
+            .status()
+            .unwrap();
+        assert!(status.success());
+    }
+}
+
+impl Drop for Broker {
+    fn drop(&mut self) {
+        if let Some(dir) = &self.started_in {
+            let _ = Command::new("bash")
+                .arg(script())
+                .arg("stop")
+                .arg(dir.path())
+                .status();
+        }
+    }
+}
+
+fn event(id: &str) -> Bytes {
+    let mut frame = Frame::event();
+    frame.set_attribute("id", id);
+    frame.encode(&FrameLimits::DEFAULT).unwrap()
+}
+
+fn reader(group: Option<&str>, topic: &Topic) -> ReaderKey {
+    ReaderKey {
+        group: group.map(|g| GroupName::new(g).unwrap()),
+        topic: topic.clone(),
+    }
+}
+
+fn limits(max_records: usize) -> PollLimits {
+    PollLimits {
+        max_records,
+        ..PollLimits::default()
+    }
+}
+
+/// Polls until `n` records arrived (the broker may need a few fetches), at most 10 s.
+async fn poll_n(storage: &KafkaStorage, reader: &ReaderKey, n: usize) -> PolledBatch {
+    let mut all = PolledBatch::default();
+    for _ in 0..100 {
+        let batch = storage
+            .poll(reader, None, limits(n - all.records.len()))
+            .await
+            .unwrap();
+        all.records.extend(batch.records);
+        all.ranges.extend(batch.ranges);
+        if all.records.len() >= n {
+            return all;
+        }
+    }
+    panic!("only {} of {n} records arrived", all.records.len());
+}
+
+fn ids(batch: &PolledBatch) -> Vec<String> {
+    batch
+        .records
+        .iter()
+        .map(|r| {
+            Frame::decode(&r.ingested.frame, &FrameLimits::DEFAULT)
+                .unwrap()
+                .attribute("id")
+                .unwrap_or("-")
+                .to_owned()
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kafka_backend_against_a_real_broker() {
+    let broker = Broker::get();
+    stamps_foreign_bodies_and_checkpoints(&broker.bootstrap).await;
+    groups_are_independent_and_alignment_repulls(&broker.bootstrap).await;
+    unknown_topics_and_lite_are_clear_errors(&broker.bootstrap).await;
+    a_frozen_broker_is_unavailable_then_recovers().await;
+}
+
+async fn stamps_foreign_bodies_and_checkpoints(bootstrap: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let storage = KafkaStorage::new(bootstrap, dir.path(), StartAt::Earliest).unwrap();
+    let topic = Topic::new("em-kafka-mixed").unwrap();
+    assert!(storage.create_topic(&topic, 2).await.unwrap());
+    assert!(!storage.create_topic(&topic, 2).await.unwrap(), "exists");
+    assert_eq!(storage.partition_count(&topic).await.unwrap(), 2);
+    let sent = storage
+        .send(
+            &topic,
+            Bytes::new(),
+            event("ours"),
+            Some(PartitionId::number(1)),
+        )
+        .await
+        .unwrap();
+    assert_eq!(sent.partition, PartitionId::number(1));
+    // An independent producer writes bodies that are not frames.
+    let producer: FutureProducer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .create()
+        .unwrap();
+    let json = br#"{"specversion":"1.0","id":"ce-1","type":"t","data":"x"}"#;
+    let bom = "\u{FEFF}plain text".as_bytes();
+    for body in [&json[..], bom] {
+        producer
+            .send(
+                FutureRecord::<[u8], [u8]>::to(topic.as_str())
+                    .partition(1)
+                    .payload(body)
+                    .headers(OwnedHeaders::new().insert(Header {
+                        key: "origin",
+                        value: Some("legacy"),
+                    })),
+                Duration::from_secs(10),
+            )
+            .await
+            .unwrap();
+    }
+    let group = reader(None, &topic);
+    let batch = poll_n(&storage, &group, 3).await;
+    let kinds: Vec<BodyKind> = batch.records.iter().map(|r| r.ingested.kind).collect();
+    assert_eq!(
+        kinds,
+        [BodyKind::Frame, BodyKind::CloudEventsJson, BodyKind::Opaque]
+    );
+    for (i, record) in batch.records.iter().enumerate() {
+        assert_eq!(record.partition, PartitionId::number(1));
+        assert_eq!(record.offset, sent.offset + i as i64);
+        let frame = Frame::decode(&record.ingested.frame, &FrameLimits::DEFAULT).unwrap();
+        assert_eq!(frame.attribute("emmqpartition"), Some("1"));
+        assert_eq!(
+            frame.attribute("emmqoffset"),
+            Some(record.offset.to_string().as_str())
+        );
+    }
+    let opaque = Frame::decode(&batch.records[2].ingested.frame, &FrameLimits::DEFAULT).unwrap();
+    assert_eq!(&opaque.data[..], bom);
+    assert_eq!(
+        opaque.attribute("origin"),
+        Some("legacy"),
+        "headers become attributes"
+    );
+
+    // The cursor file is written atomically and reloaded by a new instance.
+    storage.checkpoint().await.unwrap();
+    let file = std::fs::read_to_string(dir.path().join("kafka-pull-offsets.properties")).unwrap();
+    assert!(
+        file.contains(&format!("em-kafka-mixed\\#1={}", sent.offset + 3)),
+        "{file}"
+    );
+    let prefix = storage.instance_group_prefix().to_owned();
+    drop(storage);
+    let reopened = KafkaStorage::new(bootstrap, dir.path(), StartAt::Earliest).unwrap();
+    reopened
+        .send(
+            &topic,
+            Bytes::new(),
+            event("after"),
+            Some(PartitionId::number(1)),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        ids(&poll_n(&reopened, &group, 1).await),
+        ["after"],
+        "resumed from the checkpoint"
+    );
+
+    // The throwaway group ids hold no committed offsets on the broker.
+    for group_id in [
+        format!("{prefix}--em-kafka-mixed"),
+        format!("{prefix}-metadata"),
+    ] {
+        let probe: BaseConsumer = ClientConfig::new()
+            .set("bootstrap.servers", bootstrap)
+            .set("group.id", &group_id)
+            .create()
+            .unwrap();
+        let mut partitions = TopicPartitionList::new();
+        partitions.add_partition(topic.as_str(), 0);
+        partitions.add_partition(topic.as_str(), 1);
+        let committed = probe
+            .committed_offsets(partitions, Duration::from_secs(10))
+            .unwrap();
+        for element in committed.elements() {
+            assert_eq!(
+                element.offset(),
+                Offset::Invalid,
+                "{group_id} has a committed offset"
+            );
+        }
+    }
+}
+
+async fn groups_are_independent_and_alignment_repulls(bootstrap: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let storage = KafkaStorage::new(bootstrap, dir.path(), StartAt::Earliest).unwrap();
+    let topic = Topic::new("em-kafka-groups").unwrap();
+    storage.create_topic(&topic, 1).await.unwrap();
+    for i in 0..10 {
+        storage
+            .send(&topic, Bytes::new(), event(&format!("e{i}")), None)
+            .await
+            .unwrap();
+    }
+    let (fast, slow) = (reader(Some("fast"), &topic), reader(Some("slow"), &topic));
+    assert_eq!(ids(&poll_n(&storage, &fast, 8).await).len(), 8);
+    assert_eq!(ids(&poll_n(&storage, &slow, 2).await), ["e0", "e1"]);
+    assert_eq!(
+        ids(&poll_n(&storage, &fast, 2).await),
+        ["e8", "e9"],
+        "the slow group holds nobody back"
+    );
+    // The reference's restart alignment with out-of-order ACKs: 0..7 read, watermark 4.
+    storage.checkpoint().await.unwrap();
+    drop(storage);
+    let storage = KafkaStorage::new(bootstrap, dir.path(), StartAt::Earliest).unwrap();
+    assert_eq!(
+        storage
+            .align_pull_offset(&fast, &PartitionId::number(0), Some(4))
+            .await
+            .unwrap(),
+        Alignment::Rewound {
+            from: Some(10),
+            to: 5
+        }
+    );
+    assert_eq!(
+        ids(&poll_n(&storage, &fast, 5).await),
+        ["e5", "e6", "e7", "e8", "e9"]
+    );
+    assert_eq!(
+        ids(&poll_n(&storage, &slow, 1).await),
+        ["e2"],
+        "its own cursor, after the restart"
+    );
+}
+
+async fn unknown_topics_and_lite_are_clear_errors(bootstrap: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let storage = KafkaStorage::new(bootstrap, dir.path(), StartAt::Earliest).unwrap();
+    let missing = Topic::new("em-kafka-missing").unwrap();
+    let err = storage
+        .poll(&reader(None, &missing), None, limits(1))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, StorageError::UnknownTopic(_)), "{err}");
+    let err = storage.create_lite(&missing, "x").await.unwrap_err();
+    assert!(matches!(err, StorageError::Invalid(_)), "{err}");
+}
+
+async fn a_frozen_broker_is_unavailable_then_recovers() {
+    let broker = Broker::start_own();
+    let dir = tempfile::tempdir().unwrap();
+    let storage = KafkaStorage::new(&broker.bootstrap, dir.path(), StartAt::Earliest).unwrap();
+    let topic = Topic::new("em-kafka-freeze").unwrap();
+    storage.create_topic(&topic, 1).await.unwrap();
+    for i in 0..3 {
+        storage
+            .send(&topic, Bytes::new(), event(&format!("e{i}")), None)
+            .await
+            .unwrap();
+    }
+    let group = reader(None, &topic);
+    assert_eq!(ids(&poll_n(&storage, &group, 1).await), ["e0"]);
+    broker.signal("-STOP");
+    let frozen = storage.poll(&group, None, limits(10)).await;
+    broker.signal("-CONT");
+    match frozen {
+        Err(StorageError::Unavailable(why)) => assert!(why.contains("kafka"), "{why}"),
+        Ok(batch) => assert!(
+            batch.records.is_empty(),
+            "nothing can arrive from a frozen broker"
+        ),
+        Err(other) => panic!("unexpected error while frozen: {other}"),
+    }
+    assert_eq!(
+        ids(&poll_n(&storage, &group, 2).await),
+        ["e1", "e2"],
+        "nothing lost or skipped"
+    );
+}
