@@ -19,6 +19,8 @@ pub enum Backend {
     /// The embedded local log in `data_dir` (one machine, demos, tests).
     #[default]
     Local,
+    /// A Kafka (or Kafka-compatible) cluster at `kafka_bootstrap`.
+    Kafka,
 }
 
 /// Where a reader without a cursor or watermark starts.
@@ -55,6 +57,8 @@ pub struct Config {
     pub backend: Backend,
     /// offset-svc endpoint, for the group watermarks.
     pub offset_svc: String,
+    /// Kafka bootstrap servers (`host:port,...`) for the `kafka` backend.
+    pub kafka_bootstrap: String,
     /// How often cursors are checkpointed, milliseconds (also at shutdown).
     pub checkpoint_interval_ms: u64,
     /// Where a reader with neither cursor nor watermark starts.
@@ -83,6 +87,7 @@ impl Default for Config {
             data_dir: PathBuf::from("data/puller"),
             backend: Backend::Local,
             offset_svc: "http://127.0.0.1:50053".into(),
+            kafka_bootstrap: "127.0.0.1:9092".into(),
             checkpoint_interval_ms: 5_000,
             start: Start::Earliest,
             default_partitions: 4,
@@ -135,6 +140,9 @@ pub struct Args {
     /// offset-svc endpoint [default: http://127.0.0.1:50053].
     #[arg(long, env = "EM_PULLER_OFFSET_SVC")]
     pub offset_svc: Option<String>,
+    /// Kafka bootstrap servers [default: 127.0.0.1:9092].
+    #[arg(long, env = "EM_PULLER_KAFKA_BOOTSTRAP")]
+    pub kafka_bootstrap: Option<String>,
     /// Checkpoint interval, ms [default: 5000].
     #[arg(long, env = "EM_PULLER_CHECKPOINT_INTERVAL_MS")]
     pub checkpoint_interval_ms: Option<u64>,
@@ -173,6 +181,7 @@ impl Args {
         apply(&mut config.data_dir, self.data_dir);
         apply(&mut config.backend, self.backend);
         apply(&mut config.offset_svc, self.offset_svc);
+        apply(&mut config.kafka_bootstrap, self.kafka_bootstrap);
         apply(
             &mut config.checkpoint_interval_ms,
             self.checkpoint_interval_ms,

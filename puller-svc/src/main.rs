@@ -12,6 +12,7 @@ use puller_svc::config::{Args, Backend};
 use puller_svc::server::{spawn_checkpoints, start};
 use puller_svc::service::PullerGrpc;
 use puller_svc::storage::Storage;
+use puller_svc::storage::kafka::KafkaStorage;
 use puller_svc::storage::local::LocalStorage;
 
 #[tokio::main]
@@ -34,6 +35,11 @@ async fn main() -> anyhow::Result<()> {
                     .await??,
             )
         }
+        Backend::Kafka => Arc::new(KafkaStorage::new(
+            &config.kafka_bootstrap,
+            config.data_dir.clone(),
+            config.start.into(),
+        )?),
     };
     // Lazy: the puller starts even while offset-svc is down; readers then wait for it.
     let offset_svc = tonic::transport::Endpoint::from_shared(config.offset_svc.clone())
