@@ -14,6 +14,10 @@
 //!   recreated) resets to the configured start with an error log.
 //! * [`GroupCursors::advance`] — only forward, and only for records actually handed on.
 //!
+//! Metrics: `eventmesh_puller_retention_lost_offsets_total{topic}` counts offsets retention
+//! removed before a reader got to them; `eventmesh_puller_cursor_resets_total{topic}` counts
+//! cursors found past the end of their log.
+//!
 //! Cursors persist in the group's checkpoint file ([`crate::checkpoint`]); `checkpoint` writes
 //! only when something changed.
 
@@ -151,6 +155,8 @@ impl GroupCursors {
                 self.set(key, log_start);
                 let lost = log_start - cursor;
                 tracing::warn!(%key, cursor, log_start, lost, "offsets removed by retention before they were read");
+                metrics::counter!("eventmesh_puller_retention_lost_offsets_total", "topic" => key.topic.to_string())
+                    .increment(lost.unsigned_abs());
                 Resolution::LostToRetention {
                     to: log_start,
                     lost,
@@ -159,6 +165,7 @@ impl GroupCursors {
             Some(cursor) if cursor > log_end => {
                 self.set(key, configured);
                 tracing::error!(%key, cursor, log_end, to = configured, "pull cursor is past the end of the log (topic recreated?); reset to the configured start");
+                metrics::counter!("eventmesh_puller_cursor_resets_total", "topic" => key.topic.to_string()).increment(1);
                 Resolution::ResetPastEnd {
                     from: cursor,
                     to: configured,
