@@ -12,16 +12,13 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use eventmesh_common::frame::{Frame, FrameLimits};
-use eventmesh_common::shutdown::CancellationToken;
 use eventmesh_proto::offset::offset_service_client::OffsetServiceClient;
 use eventmesh_proto::offset::{OffsetEntry, OffsetKey, WriteOffsetsRequest};
 use eventmesh_proto::puller::puller_service_client::PullerServiceClient;
 use eventmesh_proto::puller::{self as pb, pull_stream_request::Kind};
-use puller_svc::alignment::WatermarkSource;
 use puller_svc::cursors::StartAt;
 use puller_svc::local_log::LogSettings;
-use puller_svc::server::{RunningServer, start};
-use puller_svc::service::PullerGrpc;
+use puller_svc::server::RunningServer;
 use puller_svc::storage::Storage;
 use puller_svc::storage::local::LocalStorage;
 use tonic::Code;
@@ -46,22 +43,7 @@ async fn stack(with_offset_svc: bool) -> Stack {
     let storage: Arc<dyn Storage> = Arc::new(
         LocalStorage::open(dir.path(), LogSettings::default(), StartAt::Earliest).unwrap(),
     );
-    let grpc = PullerGrpc::new(
-        Arc::clone(&storage),
-        WatermarkSource::new(offset_channel.clone()),
-    );
-    let puller = start(
-        "127.0.0.1:0".parse().unwrap(),
-        storage,
-        grpc,
-        CancellationToken::new(),
-        Duration::from_secs(2),
-    )
-    .await
-    .unwrap();
-    let client = PullerServiceClient::connect(format!("http://{}", puller.local_addr()))
-        .await
-        .unwrap();
+    let (puller, client) = support::puller_over(storage, offset_channel.clone()).await;
     Stack {
         offsets,
         offset_channel,

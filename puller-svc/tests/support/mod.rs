@@ -2,8 +2,16 @@
 
 #![allow(dead_code, clippy::unwrap_used)] // each test binary uses a subset
 
+use std::sync::Arc;
+use std::time::Duration;
+
 use eventmesh_common::shutdown::CancellationToken;
+use eventmesh_proto::puller::puller_service_client::PullerServiceClient;
 use offset_svc::config::{Config, StoreKind};
+use puller_svc::alignment::WatermarkSource;
+use puller_svc::server::RunningServer;
+use puller_svc::service::PullerGrpc;
+use puller_svc::storage::Storage;
 use tonic::transport::Channel;
 
 /// An in-process offset-svc (memory store) on a free loopback port, and a channel to it.
@@ -30,4 +38,26 @@ pub fn unreachable_channel() -> Channel {
     tonic::transport::Endpoint::from_shared(format!("http://127.0.0.1:{port}"))
         .unwrap()
         .connect_lazy()
+}
+
+/// An in-process puller-svc over `storage`, reading watermarks through `offset_svc`, and a
+/// client to it.
+pub async fn puller_over(
+    storage: Arc<dyn Storage>,
+    offset_svc: Channel,
+) -> (RunningServer, PullerServiceClient<Channel>) {
+    let grpc = PullerGrpc::new(Arc::clone(&storage), WatermarkSource::new(offset_svc));
+    let server = puller_svc::server::start(
+        "127.0.0.1:0".parse().unwrap(),
+        storage,
+        grpc,
+        CancellationToken::new(),
+        Duration::from_secs(2),
+    )
+    .await
+    .unwrap();
+    let client = PullerServiceClient::connect(format!("http://{}", server.local_addr()))
+        .await
+        .unwrap();
+    (server, client)
 }
