@@ -1,6 +1,7 @@
 //! The real puller-svc binary on the local backend, next to a real offset-svc: `kill -9`
-//! during a stream of publishes loses no acknowledged record; a reader resumes from its
-//! checkpoint after the restart, and from the watermark once a dispatcher attaches.
+//! during a stream of publishes loses no acknowledged record; after the restart a group with a
+//! watermark resumes at watermark + 1 on its first poll (un-ACKed offsets above it come back),
+//! a group without one resumes from its checkpoint, and a dispatcher attach realigns again.
 
 #![allow(clippy::unwrap_used)] // tests: a failed unwrap is a failed test
 
@@ -144,18 +145,44 @@ async fn kill_minus_nine_loses_no_acknowledged_publish_and_cursors_resume() {
     }
     let first = pull_ids(&mut puller.client, "g", 40).await;
     assert_eq!(first.len(), 40);
-    let checkpoint = dir.path().join("local-pull-offsets@g.properties");
-    for _ in 0..100 {
-        if std::fs::read_to_string(&checkpoint).is_ok_and(|t| t.contains("crash\\#0=40")) {
-            break;
+    let other = pull_ids(&mut puller.client, "h", 10).await;
+    assert_eq!(other, first[..10].to_vec());
+    for checkpoint in [
+        "local-pull-offsets@g.properties",
+        "local-pull-offsets@h.properties",
+    ] {
+        let path = dir.path().join(checkpoint);
+        let expected = if checkpoint.contains("@g") {
+            "crash\\#0=40"
+        } else {
+            "crash\\#0=10"
+        };
+        for _ in 0..100 {
+            if std::fs::read_to_string(&path).is_ok_and(|t| t.contains(expected)) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(
+            std::fs::read_to_string(&path).unwrap().contains(expected),
+            "{checkpoint}"
+        );
     }
-    assert!(
-        std::fs::read_to_string(&checkpoint)
-            .unwrap()
-            .contains("crash\\#0=40")
-    );
+    // The dispatcher of group g settled offsets up to 19 only (ACKs out of order above it).
+    OffsetServiceClient::new(offset_channel.clone())
+        .write_offsets(WriteOffsetsRequest {
+            entries: vec![OffsetEntry {
+                key: Some(OffsetKey {
+                    topic: "crash".into(),
+                    client_id: "__mqcursor@g__".into(),
+                    partition: "0".into(),
+                }),
+                offset: 19,
+            }],
+            sync: false,
+        })
+        .await
+        .unwrap();
     puller.kill9();
     for writer in writers {
         writer.await.unwrap();
@@ -179,25 +206,17 @@ async fn kill_minus_nine_loses_no_acknowledged_publish_and_cursors_resume() {
         missing.len(),
         &missing[..missing.len().min(5)]
     );
-    // The reader resumes from its checkpoint (no watermark yet): record 40 onwards.
-    let resumed = pull_ids(&mut puller.client, "g", 5).await;
-    assert_eq!(resumed.len(), 5);
-    assert_ne!(resumed[0], first[0], "not from the beginning");
-    // The dispatcher settled up to offset 19 only, then re-attaches: 20 onwards again.
-    OffsetServiceClient::new(offset_channel)
-        .write_offsets(WriteOffsetsRequest {
-            entries: vec![OffsetEntry {
-                key: Some(OffsetKey {
-                    topic: "crash".into(),
-                    client_id: "__mqcursor@g__".into(),
-                    partition: "0".into(),
-                }),
-                offset: 19,
-            }],
-            sync: false,
-        })
-        .await
-        .unwrap();
+    // Group g: its first poll after the restart is aligned to the watermark: 20..39 again.
+    assert_eq!(
+        pull_ids(&mut puller.client, "g", 20).await,
+        first[20..40].to_vec()
+    );
+    // Group h had no watermark: it resumes from its checkpoint.
+    assert_eq!(
+        pull_ids(&mut puller.client, "h", 5).await,
+        first[10..15].to_vec()
+    );
+    // A dispatcher re-attach realigns g again, without a restart.
     let attached = puller
         .client
         .attach(pb::AttachRequest {
@@ -208,10 +227,6 @@ async fn kill_minus_nine_loses_no_acknowledged_publish_and_cursors_resume() {
         .unwrap()
         .into_inner();
     assert_eq!(attached.cursors[0].next_offset, 20);
-    assert_eq!(
-        pull_ids(&mut puller.client, "g", 20).await,
-        first[20..40].to_vec()
-    );
     drop(puller);
     offsets.shutdown();
     offsets.wait().await.unwrap();
