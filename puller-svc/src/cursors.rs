@@ -23,7 +23,7 @@
 
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use eventmesh_common::keys::{GroupName, PartitionId, PullKey, Topic};
 
@@ -194,11 +194,12 @@ impl GroupCursors {
 }
 
 /// Every group's cursors of one backend, loaded on first use: what each backend keeps.
+/// Each group has its own lock, so groups never wait for each other.
 #[derive(Debug)]
 pub struct CursorBook {
     dir: PathBuf,
     backend: &'static str,
-    groups: Mutex<HashMap<Option<GroupName>, GroupCursors>>,
+    groups: Mutex<HashMap<Option<GroupName>, Arc<Mutex<GroupCursors>>>>,
 }
 
 impl CursorBook {
@@ -217,11 +218,19 @@ impl CursorBook {
         group: &Option<GroupName>,
         work: impl FnOnce(&mut GroupCursors) -> T,
     ) -> T {
-        let mut groups = self.groups.lock().unwrap_or_else(|p| p.into_inner());
-        let cursors = groups
-            .entry(group.clone())
-            .or_insert_with(|| GroupCursors::load(&self.dir, self.backend, group.as_ref()));
-        work(cursors)
+        // Only the group's own lock is held while `work` runs.
+        let shared = {
+            let mut groups = self.groups.lock().unwrap_or_else(|p| p.into_inner());
+            Arc::clone(groups.entry(group.clone()).or_insert_with(|| {
+                Arc::new(Mutex::new(GroupCursors::load(
+                    &self.dir,
+                    self.backend,
+                    group.as_ref(),
+                )))
+            }))
+        };
+        let mut cursors = shared.lock().unwrap_or_else(|p| p.into_inner());
+        work(&mut cursors)
     }
 
     /// A group's cursors on one topic.
@@ -238,9 +247,18 @@ impl CursorBook {
 
     /// Checkpoints every group that changed.
     pub fn checkpoint_all(&self) -> Result<(), CheckpointError> {
-        let mut groups = self.groups.lock().unwrap_or_else(|p| p.into_inner());
-        for cursors in groups.values_mut() {
-            cursors.checkpoint()?;
+        let groups: Vec<Arc<Mutex<GroupCursors>>> = self
+            .groups
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .cloned()
+            .collect();
+        for shared in groups {
+            shared
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .checkpoint()?;
         }
         Ok(())
     }

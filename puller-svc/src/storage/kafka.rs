@@ -67,7 +67,8 @@ struct Inner {
     start_at: StartAt,
     limits: FrameLimits,
     cursors: CursorBook,
-    consumers: Mutex<HashMap<ReaderKey, ReaderConsumer>>,
+    /// One consumer per reader, each behind its own lock: readers never wait for each other.
+    consumers: Mutex<HashMap<ReaderKey, Arc<Mutex<ReaderConsumer>>>>,
 }
 
 /// The Kafka backend.
@@ -247,13 +248,19 @@ impl Inner {
             };
             wanted.insert(p, cursor);
         }
-        let mut consumers = self.consumers.lock().unwrap_or_else(|p| p.into_inner());
-        if !consumers.contains_key(reader) {
-            consumers.insert(reader.clone(), self.new_consumer(reader)?);
-        }
-        let Some(slot) = consumers.get_mut(reader) else {
-            return Err(StorageError::Internal("reader consumer vanished".into()));
+        let shared = {
+            let mut consumers = self.consumers.lock().unwrap_or_else(|p| p.into_inner());
+            match consumers.get(reader) {
+                Some(shared) => Arc::clone(shared),
+                None => {
+                    let shared = Arc::new(Mutex::new(self.new_consumer(reader)?));
+                    consumers.insert(reader.clone(), Arc::clone(&shared));
+                    shared
+                }
+            }
         };
+        let mut guard = shared.lock().unwrap_or_else(|p| p.into_inner());
+        let slot = &mut *guard;
         if slot.positions != wanted {
             let mut assignment = TopicPartitionList::new();
             for (&p, &offset) in &wanted {
@@ -280,7 +287,7 @@ impl Inner {
                     if may_reresolve =>
                 {
                     // Fit the cursors into the log again and re-assign, once per poll.
-                    drop(consumers);
+                    drop(guard);
                     self.reresolve(reader, &targets)?;
                     return self.poll_once(reader, partition, limits, false);
                 }
@@ -327,7 +334,7 @@ impl Inner {
                 ingested: ingest(body, &headers, &origin, &self.limits),
             });
         }
-        drop(consumers);
+        drop(guard);
         let mut batch = PolledBatch::default();
         for (p, records) in by_partition {
             let Some(last) = records.last().map(|r| r.offset) else {
@@ -358,9 +365,18 @@ impl Inner {
                 c.resolve(&key, range.start, range.end, self.start_at)
             });
         }
-        let mut consumers = self.consumers.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(slot) = consumers.get_mut(reader) {
-            slot.positions.clear();
+        let shared = self
+            .consumers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(reader)
+            .cloned();
+        if let Some(shared) = shared {
+            shared
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .positions
+                .clear();
         }
         Ok(())
     }
