@@ -11,13 +11,17 @@
 //!   accepted socket — without it responses wait on Nagle + delayed ACK, about 40 ms each —
 //!   and on shutdown turns readiness (and the service) NOT_SERVING, then drains requests for
 //!   at most the drain timeout. Liveness stays SERVING until the process exits.
+//! * [`RunningServer`]: what a service's `start` returns — the bound address, the shutdown
+//!   trigger, the task that serves and then flushes, and a loopback client channel.
 
+use std::net::SocketAddr;
 use std::time::Duration;
 
 use tokio::net::TcpListener;
+use tokio::task::{JoinError, JoinHandle};
 use tokio_util::sync::CancellationToken;
-use tonic::transport::Server;
 use tonic::transport::server::{Router, TcpIncoming};
+use tonic::transport::{Channel, Endpoint, Server};
 use tonic_health::ServingStatus;
 use tonic_health::server::HealthReporter;
 
@@ -105,5 +109,64 @@ pub async fn serve(
                 }
             }
         }
+    }
+}
+
+/// A started service: its task serves, then runs the service's own final step (flush,
+/// checkpoint) and ends with that result.
+pub struct RunningServer<E> {
+    local_addr: SocketAddr,
+    shutdown: CancellationToken,
+    task: JoinHandle<Result<(), E>>,
+}
+
+impl<E: From<JoinError>> RunningServer<E> {
+    /// Wraps a started service.
+    pub fn new(
+        local_addr: SocketAddr,
+        shutdown: CancellationToken,
+        task: JoinHandle<Result<(), E>>,
+    ) -> Self {
+        RunningServer {
+            local_addr,
+            shutdown,
+            task,
+        }
+    }
+
+    /// The address it listens on (the real port when configured with port 0).
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    /// A client channel to it over loopback, with the transport settings the server uses
+    /// (for co-located callers and tests).
+    pub async fn channel(&self) -> Result<Channel, tonic::transport::Error> {
+        Endpoint::from(self.local_addr_uri())
+            .tcp_nodelay(true)
+            .initial_stream_window_size(HTTP2_STREAM_WINDOW)
+            .initial_connection_window_size(HTTP2_CONNECTION_WINDOW)
+            .connect()
+            .await
+    }
+
+    fn local_addr_uri(&self) -> tonic::codegen::http::Uri {
+        tonic::codegen::http::Uri::builder()
+            .scheme("http")
+            .authority(self.local_addr.to_string())
+            .path_and_query("/")
+            .build()
+            // A socket address always forms a valid authority.
+            .unwrap_or_default()
+    }
+
+    /// Starts the ordered shutdown.
+    pub fn shutdown(&self) {
+        self.shutdown.cancel();
+    }
+
+    /// Waits until the service stopped and ran its final step.
+    pub async fn wait(self) -> Result<(), E> {
+        self.task.await?
     }
 }

@@ -90,6 +90,12 @@ impl ClassifiedError for Error {
     }
 }
 
+impl From<tokio::task::JoinError> for Error {
+    fn from(err: tokio::task::JoinError) -> Self {
+        Error::Task(err.to_string())
+    }
+}
+
 impl From<Error> for tonic::Status {
     fn from(err: Error) -> tonic::Status {
         to_status(&err)

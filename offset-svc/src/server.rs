@@ -8,7 +8,6 @@
 //! Shutdown order: readiness off → stop accepting and drain in-flight requests (bounded by
 //! `shutdown_timeout_secs`) → flush the store (WAL fsync + memtable flush).
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -16,7 +15,6 @@ use eventmesh_common::grpc;
 use eventmesh_common::shutdown::CancellationToken;
 use eventmesh_proto::offset::offset_service_server::OffsetServiceServer;
 use tokio::net::TcpListener;
-use tokio::task::JoinHandle;
 use tonic::server::NamedService;
 
 use crate::config::{Config, StoreKind};
@@ -30,43 +28,7 @@ use crate::store::OffsetStore;
 pub const MAX_MESSAGE_BYTES: usize = 64 * 1024 * 1024;
 
 /// A started offset-svc.
-pub struct RunningServer {
-    local_addr: SocketAddr,
-    shutdown: CancellationToken,
-    task: JoinHandle<Result<(), Error>>,
-}
-
-impl RunningServer {
-    /// The address it listens on (the real port when configured with port 0).
-    pub fn local_addr(&self) -> SocketAddr {
-        self.local_addr
-    }
-
-    /// A client channel to this server over loopback, with the same HTTP/2 windows and
-    /// TCP_NODELAY the server uses (for co-located callers and tests).
-    pub async fn channel(&self) -> Result<tonic::transport::Channel, Error> {
-        tonic::transport::Endpoint::from_shared(format!("http://{}", self.local_addr))
-            .map_err(|_| Error::Internal("local address is not a valid URI"))?
-            .tcp_nodelay(true)
-            .initial_stream_window_size(grpc::HTTP2_STREAM_WINDOW)
-            .initial_connection_window_size(grpc::HTTP2_CONNECTION_WINDOW)
-            .connect()
-            .await
-            .map_err(Error::Serve)
-    }
-
-    /// Starts the ordered shutdown.
-    pub fn shutdown(&self) {
-        self.shutdown.cancel();
-    }
-
-    /// Waits until the server has stopped and the store is flushed.
-    pub async fn wait(self) -> Result<(), Error> {
-        self.task
-            .await
-            .map_err(|err| Error::Task(err.to_string()))?
-    }
-}
+pub type RunningServer = grpc::RunningServer<Error>;
 
 /// Opens the configured store.
 pub async fn open_store(config: &Config) -> Result<Arc<dyn OffsetStore>, Error> {
@@ -130,9 +92,5 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> Result<Runnin
         tracing::info!("offset-svc stopped; store flushed");
         Ok(())
     });
-    Ok(RunningServer {
-        local_addr,
-        shutdown,
-        task,
-    })
+    Ok(RunningServer::new(local_addr, shutdown, task))
 }

@@ -41,28 +41,11 @@ pub enum ServerError {
 }
 
 /// A started puller server.
-pub struct RunningServer {
-    local_addr: SocketAddr,
-    shutdown: CancellationToken,
-    task: JoinHandle<Result<(), ServerError>>,
-}
+pub type RunningServer = grpc::RunningServer<ServerError>;
 
-impl RunningServer {
-    /// The bound address.
-    pub fn local_addr(&self) -> SocketAddr {
-        self.local_addr
-    }
-
-    /// Starts the ordered shutdown.
-    pub fn shutdown(&self) {
-        self.shutdown.cancel();
-    }
-
-    /// Waits for the server to stop and the final checkpoint.
-    pub async fn wait(self) -> Result<(), ServerError> {
-        self.task
-            .await
-            .map_err(|err| ServerError::Task(err.to_string()))?
+impl From<tokio::task::JoinError> for ServerError {
+    fn from(err: tokio::task::JoinError) -> Self {
+        ServerError::Task(err.to_string())
     }
 }
 
@@ -122,9 +105,5 @@ pub async fn start(
         Ok(())
     });
     tracing::info!(%local_addr, backend, "puller-svc serving");
-    Ok(RunningServer {
-        local_addr,
-        shutdown,
-        task,
-    })
+    Ok(RunningServer::new(local_addr, shutdown, task))
 }
