@@ -38,7 +38,7 @@ use super::{
     AckPulledOutcome, Appended, CoveredRange, PartitionRange, PollLimits, PolledBatch,
     PolledRecord, ReaderKey, Storage, StorageError,
 };
-use crate::cursors::{Alignment, CursorBook, StartAt};
+use crate::cursors::{CursorBook, StartAt};
 use crate::ingest::{Origin, ingest};
 
 /// The backend name used in checkpoint files.
@@ -66,7 +66,7 @@ struct Inner {
     metadata: BaseConsumer,
     start_at: StartAt,
     limits: FrameLimits,
-    cursors: CursorBook,
+    cursors: Arc<CursorBook>,
     /// One consumer per reader, each behind its own lock: readers never wait for each other.
     consumers: Mutex<HashMap<ReaderKey, Arc<Mutex<ReaderConsumer>>>>,
 }
@@ -125,7 +125,7 @@ impl KafkaStorage {
                 metadata,
                 start_at,
                 limits: FrameLimits::DEFAULT,
-                cursors: CursorBook::new(&data_dir, BACKEND),
+                cursors: Arc::new(CursorBook::new(&data_dir, BACKEND)),
                 consumers: Mutex::new(HashMap::new()),
             }),
         })
@@ -394,6 +394,10 @@ impl Storage for KafkaStorage {
         BACKEND
     }
 
+    fn cursor_book(&self) -> Arc<CursorBook> {
+        Arc::clone(&self.inner.cursors)
+    }
+
     async fn create_topic(&self, topic: &Topic, partitions: u32) -> Result<bool, StorageError> {
         let count = i32::try_from(partitions)
             .map_err(|_| StorageError::Invalid("too many partitions".into()))?;
@@ -472,40 +476,12 @@ impl Storage for KafkaStorage {
         Ok(AckPulledOutcome::NotApplicable)
     }
 
-    async fn align_pull_offset(
-        &self,
-        reader: &ReaderKey,
-        partition: &PartitionId,
-        watermark: Option<i64>,
-    ) -> Result<Alignment, StorageError> {
-        let key = PullKey::new(reader.topic.clone(), partition.clone());
-        let group = reader.group.clone();
-        self.blocking(move |inner| Ok(inner.cursors.with(&group, |c| c.align(&key, watermark))))
-            .await
-    }
-
     async fn end_offsets(&self, topic: &Topic) -> Result<Vec<PartitionRange>, StorageError> {
         let topic = topic.clone();
         self.blocking(move |inner| {
             (0..inner.partition_count(&topic)? as i32)
                 .map(|p| inner.range(&topic, p))
                 .collect()
-        })
-        .await
-    }
-
-    async fn cursors(&self, reader: &ReaderKey) -> Result<Vec<(PartitionId, i64)>, StorageError> {
-        let reader = reader.clone();
-        self.blocking(move |inner| Ok(inner.cursors.list(&reader.group, &reader.topic)))
-            .await
-    }
-
-    async fn checkpoint(&self) -> Result<(), StorageError> {
-        self.blocking(|inner| {
-            inner
-                .cursors
-                .checkpoint_all()
-                .map_err(|err| StorageError::Unavailable(err.to_string()))
         })
         .await
     }

@@ -18,7 +18,7 @@ use super::{
     AckPulledOutcome, Appended, CoveredRange, PartitionRange, PollLimits, PolledBatch,
     PolledRecord, ReaderKey, Storage, StorageError,
 };
-use crate::cursors::{Alignment, CursorBook, GroupCursors, StartAt};
+use crate::cursors::{CursorBook, GroupCursors, StartAt};
 use crate::ingest::{Origin, ingest};
 use crate::local_log::partition::now_ms;
 use crate::local_log::{LocalLog, LogError, LogSettings, TopicError};
@@ -51,7 +51,7 @@ struct Inner {
     log: LocalLog,
     start_at: StartAt,
     limits: FrameLimits,
-    cursors: CursorBook,
+    cursors: Arc<CursorBook>,
 }
 
 /// The embedded local backend.
@@ -74,7 +74,7 @@ impl LocalStorage {
                 log,
                 start_at,
                 limits: FrameLimits::DEFAULT,
-                cursors: CursorBook::new(&data_dir, BACKEND),
+                cursors: Arc::new(CursorBook::new(&data_dir, BACKEND)),
             }),
         })
     }
@@ -205,6 +205,10 @@ impl Storage for LocalStorage {
         BACKEND
     }
 
+    fn cursor_book(&self) -> Arc<CursorBook> {
+        Arc::clone(&self.inner.cursors)
+    }
+
     async fn create_topic(&self, topic: &Topic, partitions: u32) -> Result<bool, StorageError> {
         let topic = topic.clone();
         self.blocking(move |inner| Ok(inner.log.create_topic(&topic, partitions)?))
@@ -259,42 +263,10 @@ impl Storage for LocalStorage {
         Ok(AckPulledOutcome::NotApplicable)
     }
 
-    async fn align_pull_offset(
-        &self,
-        reader: &ReaderKey,
-        partition: &PartitionId,
-        watermark: Option<i64>,
-    ) -> Result<Alignment, StorageError> {
-        let key = PullKey::new(reader.topic.clone(), partition.clone());
-        let group = reader.group.clone();
-        self.blocking(move |inner| {
-            Ok(inner
-                .cursors
-                .with(&group, |cursors| cursors.align(&key, watermark)))
-        })
-        .await
-    }
-
     async fn end_offsets(&self, topic: &Topic) -> Result<Vec<PartitionRange>, StorageError> {
         let topic = topic.clone();
         self.blocking(move |inner| Ok(inner.log.ranges(&topic)?))
             .await
-    }
-
-    async fn cursors(&self, reader: &ReaderKey) -> Result<Vec<(PartitionId, i64)>, StorageError> {
-        let reader = reader.clone();
-        self.blocking(move |inner| Ok(inner.cursors.list(&reader.group, &reader.topic)))
-            .await
-    }
-
-    async fn checkpoint(&self) -> Result<(), StorageError> {
-        self.blocking(|inner| {
-            inner
-                .cursors
-                .checkpoint_all()
-                .map_err(|err| StorageError::Unavailable(err.to_string()))
-        })
-        .await
     }
 
     async fn create_lite(&self, parent: &Topic, lite: &str) -> Result<PartitionId, StorageError> {

@@ -18,7 +18,11 @@ use bytes::Bytes;
 use eventmesh_common::keys::{GroupName, KeyError, PartitionId, Topic};
 use eventmesh_common::status::{ClassifiedError, ErrorClass, to_status};
 
-use crate::cursors::Alignment;
+use std::sync::Arc;
+
+use eventmesh_common::keys::PullKey;
+
+use crate::cursors::{Alignment, CursorBook};
 use crate::ingest::Ingested;
 
 /// One reader: a subscription group (`None`: the topic's default group) on a topic.
@@ -188,22 +192,45 @@ pub trait Storage: Send + Sync + 'static {
         ack_key: &str,
     ) -> Result<AckPulledOutcome, StorageError>;
 
+    /// The per-group cursors behind the default cursor operations below (backends whose
+    /// positions live in files; a broker-managed backend overrides those operations).
+    fn cursor_book(&self) -> Arc<CursorBook>;
+
     /// Applies the group's inclusive watermark to the reader's position in one partition.
     async fn align_pull_offset(
         &self,
         reader: &ReaderKey,
         partition: &PartitionId,
         watermark: Option<i64>,
-    ) -> Result<Alignment, StorageError>;
+    ) -> Result<Alignment, StorageError> {
+        let key = PullKey::new(reader.topic.clone(), partition.clone());
+        let group = reader.group.clone();
+        on_book(self.cursor_book(), move |book| {
+            Ok(book.with(&group, |c| c.align(&key, watermark)))
+        })
+        .await
+    }
 
     /// The retained range of every partition of a topic.
     async fn end_offsets(&self, topic: &Topic) -> Result<Vec<PartitionRange>, StorageError>;
 
     /// The reader's current positions.
-    async fn cursors(&self, reader: &ReaderKey) -> Result<Vec<(PartitionId, i64)>, StorageError>;
+    async fn cursors(&self, reader: &ReaderKey) -> Result<Vec<(PartitionId, i64)>, StorageError> {
+        let reader = reader.clone();
+        on_book(self.cursor_book(), move |book| {
+            Ok(book.list(&reader.group, &reader.topic))
+        })
+        .await
+    }
 
     /// Persists every reader's positions (called every few seconds and at shutdown).
-    async fn checkpoint(&self) -> Result<(), StorageError>;
+    async fn checkpoint(&self) -> Result<(), StorageError> {
+        on_book(self.cursor_book(), |book| {
+            book.checkpoint_all()
+                .map_err(|err| StorageError::Unavailable(err.to_string()))
+        })
+        .await
+    }
 
     /// Creates a lite channel inside `parent`; returns its partition id `<lite>@<queue>`.
     async fn create_lite(&self, parent: &Topic, lite: &str) -> Result<PartitionId, StorageError>;
@@ -223,4 +250,15 @@ pub trait Storage: Send + Sync + 'static {
         lite: &str,
         limits: PollLimits,
     ) -> Result<PolledBatch, StorageError>;
+}
+
+/// Runs cursor-book work (file I/O) on the blocking pool.
+async fn on_book<T, F>(book: Arc<CursorBook>, work: F) -> Result<T, StorageError>
+where
+    T: Send + 'static,
+    F: FnOnce(&CursorBook) -> Result<T, StorageError> + Send + 'static,
+{
+    tokio::task::spawn_blocking(move || work(&book))
+        .await
+        .map_err(|err| StorageError::Internal(format!("blocking task failed: {err}")))?
 }
