@@ -35,8 +35,8 @@ use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::{Offset, TopicPartitionList};
 
 use super::{
-    AckPulledOutcome, Appended, CoveredRange, PartitionRange, PollLimits, PolledBatch,
-    PolledRecord, ReaderKey, Storage, StorageError,
+    Appended, CoveredRange, PartitionRange, PollLimits, PolledBatch, PolledRecord, ReaderKey,
+    Storage, StorageError,
 };
 use crate::cursors::{CursorBook, StartAt};
 use crate::ingest::{Origin, ingest};
@@ -141,10 +141,7 @@ impl KafkaStorage {
         T: Send + 'static,
         F: FnOnce(&Inner) -> Result<T, StorageError> + Send + 'static,
     {
-        let inner = Arc::clone(&self.inner);
-        tokio::task::spawn_blocking(move || work(&inner))
-            .await
-            .map_err(|err| StorageError::Internal(format!("blocking task failed: {err}")))?
+        super::on_blocking(Arc::clone(&self.inner), work).await
     }
 }
 
@@ -466,14 +463,6 @@ impl Storage for KafkaStorage {
         let (reader, partition) = (reader.clone(), partition.cloned());
         self.blocking(move |inner| inner.poll(&reader, partition.as_ref(), limits))
             .await
-    }
-
-    async fn ack_pulled(
-        &self,
-        _reader: &ReaderKey,
-        _ack_key: &str,
-    ) -> Result<AckPulledOutcome, StorageError> {
-        Ok(AckPulledOutcome::NotApplicable)
     }
 
     async fn end_offsets(&self, topic: &Topic) -> Result<Vec<PartitionRange>, StorageError> {

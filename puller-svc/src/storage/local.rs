@@ -15,8 +15,8 @@ use eventmesh_common::frame::FrameLimits;
 use eventmesh_common::keys::{PartitionId, PullKey, Topic};
 
 use super::{
-    AckPulledOutcome, Appended, CoveredRange, PartitionRange, PollLimits, PolledBatch,
-    PolledRecord, ReaderKey, Storage, StorageError,
+    Appended, CoveredRange, PartitionRange, PollLimits, PolledBatch, PolledRecord, ReaderKey,
+    Storage, StorageError,
 };
 use crate::cursors::{CursorBook, GroupCursors, StartAt};
 use crate::ingest::{Origin, ingest};
@@ -84,10 +84,7 @@ impl LocalStorage {
         T: Send + 'static,
         F: FnOnce(&Inner) -> Result<T, StorageError> + Send + 'static,
     {
-        let inner = Arc::clone(&self.inner);
-        tokio::task::spawn_blocking(move || work(&inner))
-            .await
-            .map_err(|err| StorageError::Internal(format!("blocking task failed: {err}")))?
+        super::on_blocking(Arc::clone(&self.inner), work).await
     }
 }
 
@@ -253,14 +250,6 @@ impl Storage for LocalStorage {
             inner.poll(&reader, targets, inner.start_at, limits)
         })
         .await
-    }
-
-    async fn ack_pulled(
-        &self,
-        _reader: &ReaderKey,
-        _ack_key: &str,
-    ) -> Result<AckPulledOutcome, StorageError> {
-        Ok(AckPulledOutcome::NotApplicable)
     }
 
     async fn end_offsets(&self, topic: &Topic) -> Result<Vec<PartitionRange>, StorageError> {

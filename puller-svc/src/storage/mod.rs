@@ -185,12 +185,15 @@ pub trait Storage: Send + Sync + 'static {
         limits: PollLimits,
     ) -> Result<PolledBatch, StorageError>;
 
-    /// Forwards a settled message to the broker where it needs an ACK.
+    /// Forwards a settled message to the broker where it needs an ACK; backends without a
+    /// broker ACK keep this default.
     async fn ack_pulled(
         &self,
-        reader: &ReaderKey,
-        ack_key: &str,
-    ) -> Result<AckPulledOutcome, StorageError>;
+        _reader: &ReaderKey,
+        _ack_key: &str,
+    ) -> Result<AckPulledOutcome, StorageError> {
+        Ok(AckPulledOutcome::NotApplicable)
+    }
 
     /// The per-group cursors behind the default cursor operations below (backends whose
     /// positions live in files; a broker-managed backend overrides those operations).
@@ -205,7 +208,7 @@ pub trait Storage: Send + Sync + 'static {
     ) -> Result<Alignment, StorageError> {
         let key = PullKey::new(reader.topic.clone(), partition.clone());
         let group = reader.group.clone();
-        on_book(self.cursor_book(), move |book| {
+        on_blocking(self.cursor_book(), move |book| {
             Ok(book.with(&group, |c| c.align(&key, watermark)))
         })
         .await
@@ -217,7 +220,7 @@ pub trait Storage: Send + Sync + 'static {
     /// The reader's current positions.
     async fn cursors(&self, reader: &ReaderKey) -> Result<Vec<(PartitionId, i64)>, StorageError> {
         let reader = reader.clone();
-        on_book(self.cursor_book(), move |book| {
+        on_blocking(self.cursor_book(), move |book| {
             Ok(book.list(&reader.group, &reader.topic))
         })
         .await
@@ -225,7 +228,7 @@ pub trait Storage: Send + Sync + 'static {
 
     /// Persists every reader's positions (called every few seconds and at shutdown).
     async fn checkpoint(&self) -> Result<(), StorageError> {
-        on_book(self.cursor_book(), |book| {
+        on_blocking(self.cursor_book(), |book| {
             book.checkpoint_all()
                 .map_err(|err| StorageError::Unavailable(err.to_string()))
         })
@@ -252,13 +255,14 @@ pub trait Storage: Send + Sync + 'static {
     ) -> Result<PolledBatch, StorageError>;
 }
 
-/// Runs cursor-book work (file I/O) on the blocking pool.
-async fn on_book<T, F>(book: Arc<CursorBook>, work: F) -> Result<T, StorageError>
+/// Runs blocking backend work (file I/O, librdkafka calls) on the blocking pool.
+pub(crate) async fn on_blocking<S, T, F>(state: Arc<S>, work: F) -> Result<T, StorageError>
 where
+    S: Send + Sync + 'static + ?Sized,
     T: Send + 'static,
-    F: FnOnce(&CursorBook) -> Result<T, StorageError> + Send + 'static,
+    F: FnOnce(&S) -> Result<T, StorageError> + Send + 'static,
 {
-    tokio::task::spawn_blocking(move || work(&book))
+    tokio::task::spawn_blocking(move || work(&state))
         .await
         .map_err(|err| StorageError::Internal(format!("blocking task failed: {err}")))?
 }
