@@ -1,6 +1,8 @@
 //! Code shared by the EventMesh services.
 //!
 //! * [`frame`] — the EventMeshFrame codec (the body format in the MQ).
+//! * [`dead_letter`] — the envelope of `<topic>_DLQ` records (written by dispatcher-svc, read
+//!   by the SDK and `emctl`).
 //! * [`keys`] — validated names (`Topic`, `ClientId`, `GroupName`, `PartitionId`) and the
 //!   composite keys `OffsetKey` (`topic#client#partition`) and `PullKey` (`topic#partition`).
 //! * [`status`] — the one mapping from errors to `tonic::Status`.
@@ -13,6 +15,7 @@
 //! Code lands here only when two services really share it.
 
 pub mod config;
+pub mod dead_letter;
 pub mod frame;
 pub mod grpc;
 pub mod keys;

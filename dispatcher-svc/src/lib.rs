@@ -1,7 +1,34 @@
-//! dispatcher-svc — not built yet (issue "dispatcher-svc: subscriptions, reliable push
-//! delivery over gRPC streaming, the ACK chain and the gap-free watermark").
+//! dispatcher-svc: subscriptions, reliable push delivery over gRPC streaming, the ACK chain
+//! and the gap-free watermark (DESIGN §3, §4, §6, §7, §9, §10).
 //!
-//! It will serve the client-facing `eventmesh.v1.EventMeshService` (Recommend, Publish,
-//! Subscribe), track every delivery until ACK (timeout, NACK backoff, attempts, `<topic>_DLQ`),
-//! write ACK progress and the gap-free watermarks to offset-svc, and only then forward broker
-//! ACKs to puller-svc; it registers in etcd for session recommendation.
+//! * [`service`] — the client-facing `eventmesh.v1.EventMeshService` (Recommend, Publish,
+//!   Subscribe sessions).
+//! * [`registry`] — the instance's subscription groups: creation (start positions, reader
+//!   realignment), lookup, and each group's pull loop.
+//! * [`group`] — one group's actor: the reliable dispatcher (in-flight limits, ACK timeout,
+//!   NACK backoff, attempts, dead-lettering, reassignment, grace period).
+//! * [`watermark`] — the gap-free watermarks, the only values written to offset-svc.
+//! * [`offset_writer`] and [`broker_ack`] — steps 1 and 3 of the ACK chain, coalesced.
+//! * [`budget`] — the per-topic buffer bound (back-pressure to the MQ).
+//! * [`dead_letters`] — `<topic>_DLQ` writes.
+//! * [`crash`] — named crash points for crash tests.
+//! * [`config`], [`server`], [`error`] — settings, startup/shutdown, errors → status.
+//!
+//! The ACK chain is ordered: an ACK's offset write is durable before the delivery is retired,
+//! and retired before its broker ACK is forwarded.
+
+pub mod batching;
+pub mod broker_ack;
+pub mod budget;
+pub mod config;
+pub mod crash;
+pub mod dead_letters;
+pub mod delivery_id;
+pub mod error;
+pub mod event;
+pub mod group;
+pub mod offset_writer;
+pub mod registry;
+pub mod server;
+pub mod service;
+pub mod watermark;

@@ -121,6 +121,13 @@ impl GroupCursors {
     /// Applies the group's inclusive watermark `W` (None: nothing stored) to one cursor.
     pub fn align(&mut self, key: &PullKey, watermark: Option<i64>) -> Alignment {
         let Some(watermark) = watermark.filter(|w| *w >= 0) else {
+            // Nothing of this group is settled here: whatever the reader passed may be
+            // un-ACKed, so it starts over where a new reader starts (the configured start).
+            // Dispatchers store a watermark whenever a group starts later than that.
+            if let Some(from) = self.cursors.remove(key) {
+                self.dirty = true;
+                tracing::info!(%key, from, "pull cursor without a watermark dropped: the reader restarts at the configured start");
+            }
             return Alignment::NoWatermark;
         };
         let resume = watermark + 1;
@@ -312,15 +319,21 @@ mod tests {
     }
 
     #[test]
-    fn without_a_watermark_a_cursor_stays() {
-        // The reference: no persisted offsets and a plugin cursor of 42 → still 42.
+    fn without_a_watermark_a_cursor_goes_back_to_the_configured_start() {
+        // The reference kept a cursor of 42 with no persisted offsets, skipping 0..42 although
+        // nothing was ACKed (the BROADCAST copies of #5294). Here the cursor is dropped and the
+        // next resolve starts the reader where a new one starts.
         let dir = tempfile::tempdir().unwrap();
         let fresh_key = key("fresh#0");
         let mut cursors = fresh(dir.path());
         cursors.advance(&fresh_key, 42);
         assert_eq!(cursors.align(&fresh_key, None), Alignment::NoWatermark);
+        assert_eq!(cursors.get(&fresh_key), None);
         assert_eq!(cursors.align(&fresh_key, Some(-1)), Alignment::NoWatermark);
-        assert_eq!(cursors.get(&fresh_key), Some(42));
+        assert_eq!(
+            cursors.resolve(&fresh_key, 0, 100, StartAt::Earliest),
+            Resolution::Started(0)
+        );
     }
 
     #[test]

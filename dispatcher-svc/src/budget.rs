@@ -1,0 +1,206 @@
+//! The per-topic buffer bound (DESIGN §7 flow control).
+//!
+//! Every pulled record a dispatcher holds — queued, in flight, awaiting its offset write — is
+//! charged to its topic's budget, in records and in KiB (at least 1 KiB per record), until it is
+//! retired. A group's pull loop reserves budget before each pull and sizes the pull to it, so
+//! when the budget is spent, pulling that topic pauses for every group: back-pressure reaches
+//! the MQ, not memory. While it is spent, the group holding the most records is reported as
+//! the one governing (`dispatcher_topic_buffer_full{topic, group}` = 1 and
+//! [`TopicBudget::governing_group`]), so an operator sees which subscriber is slow.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use tokio::sync::Semaphore;
+
+/// KiB charged for a record of `bytes`.
+pub fn kib_cost(bytes: usize) -> u32 {
+    (bytes.div_ceil(1024).max(1)).min(u32::MAX as usize) as u32
+}
+
+/// Records and KiB reserved for one pull, or held by records.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Charge {
+    /// Records.
+    pub records: u32,
+    /// KiB.
+    pub kib: u32,
+}
+
+/// One topic's buffer budget, shared by its groups.
+#[derive(Debug)]
+pub struct TopicBudget {
+    topic: String,
+    records: Semaphore,
+    kib: Semaphore,
+    held: Mutex<HashMap<String, Charge>>,
+    governing: Mutex<Option<String>>,
+}
+
+impl TopicBudget {
+    /// A budget of `records` records and `kib` KiB.
+    pub fn new(topic: &str, records: u32, kib: u32) -> Arc<Self> {
+        Arc::new(TopicBudget {
+            topic: topic.to_owned(),
+            records: Semaphore::new(records as usize),
+            kib: Semaphore::new(kib as usize),
+            held: Mutex::default(),
+            governing: Mutex::default(),
+        })
+    }
+
+    /// Reserves up to `records` records and `kib` KiB for a pull by `group`, waiting until at
+    /// least one record and one KiB are free.
+    pub async fn reserve(&self, group: &str, records: u32, kib: u32) -> Charge {
+        let first = match self.records.try_acquire() {
+            Ok(permit) => permit,
+            Err(_) => {
+                self.mark_full();
+                match self.records.acquire().await {
+                    Ok(permit) => permit,
+                    // The semaphore is never closed.
+                    Err(_) => return Charge::default(),
+                }
+            }
+        };
+        first.forget();
+        let extra = (self.records.available_permits() as u32).min(records.saturating_sub(1));
+        if let Ok(permits) = self.records.try_acquire_many(extra) {
+            permits.forget();
+        }
+        let records = 1 + extra;
+        let kib_first = match self.kib.acquire().await {
+            Ok(permit) => permit,
+            Err(_) => return Charge::default(),
+        };
+        kib_first.forget();
+        let kib_extra = (self.kib.available_permits() as u32).min(kib.saturating_sub(1));
+        if let Ok(permits) = self.kib.try_acquire_many(kib_extra) {
+            permits.forget();
+        }
+        let charge = Charge {
+            records,
+            kib: 1 + kib_extra,
+        };
+        self.adjust_held(group, charge, true);
+        charge
+    }
+
+    /// Charges `group` more after a pull returned more bytes than reserved (at least one record
+    /// always comes back); waits until the KiB are free.
+    pub async fn charge_more_kib(&self, group: &str, kib: u32) {
+        if kib == 0 {
+            return;
+        }
+        if let Ok(permits) = self.kib.acquire_many(kib).await {
+            permits.forget();
+        }
+        self.adjust_held(group, Charge { records: 0, kib }, true);
+    }
+
+    /// Returns budget held by `group`.
+    pub fn release(&self, group: &str, charge: Charge) {
+        self.adjust_held(group, charge, false);
+        self.records.add_permits(charge.records as usize);
+        self.kib.add_permits(charge.kib as usize);
+        self.mark_flowing();
+    }
+
+    /// What `group` holds now.
+    pub fn held_by(&self, group: &str) -> Charge {
+        self.held
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(group)
+            .copied()
+            .unwrap_or_default()
+    }
+
+    /// While the budget is spent: the group holding the most records.
+    pub fn governing_group(&self) -> Option<String> {
+        self.governing
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    fn adjust_held(&self, group: &str, charge: Charge, add: bool) {
+        let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
+        let slot = held.entry(group.to_owned()).or_default();
+        if add {
+            slot.records += charge.records;
+            slot.kib += charge.kib;
+        } else {
+            slot.records = slot.records.saturating_sub(charge.records);
+            slot.kib = slot.kib.saturating_sub(charge.kib);
+        }
+        metrics::gauge!("dispatcher_buffered_records", "topic" => self.topic.clone(), "group" => group.to_owned())
+            .set(f64::from(slot.records));
+        if *slot == Charge::default() {
+            held.remove(group);
+        }
+    }
+
+    fn mark_full(&self) {
+        let slowest = {
+            let held = self.held.lock().unwrap_or_else(|p| p.into_inner());
+            held.iter()
+                .max_by_key(|(name, charge)| (charge.records, std::cmp::Reverse((*name).clone())))
+                .map(|(name, _)| name.clone())
+        };
+        let mut governing = self.governing.lock().unwrap_or_else(|p| p.into_inner());
+        if *governing != slowest {
+            if let Some(old) = governing.take() {
+                metrics::gauge!("dispatcher_topic_buffer_full", "topic" => self.topic.clone(), "group" => old).set(0.0);
+            }
+            if let Some(group) = &slowest {
+                tracing::warn!(
+                    topic = self.topic,
+                    group,
+                    "topic buffer full: pulling paused; this group holds the most un-ACKed records"
+                );
+                metrics::gauge!("dispatcher_topic_buffer_full", "topic" => self.topic.clone(), "group" => group.clone()).set(1.0);
+            }
+            *governing = slowest;
+        }
+    }
+
+    fn mark_flowing(&self) {
+        if self.records.available_permits() == 0 {
+            return;
+        }
+        let mut governing = self.governing.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(old) = governing.take() {
+            metrics::gauge!("dispatcher_topic_buffer_full", "topic" => self.topic.clone(), "group" => old).set(0.0);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use std::time::Duration;
+
+    #[tokio::test]
+    async fn a_spent_budget_blocks_and_names_the_biggest_holder() {
+        let budget = TopicBudget::new("t", 10, 1_000);
+        let slow = budget.reserve("slow", 8, 100).await;
+        assert_eq!(slow.records, 8);
+        let fast = budget.reserve("fast", 8, 100).await;
+        assert_eq!(fast.records, 2, "only what is left");
+        let waiting = {
+            let budget = Arc::clone(&budget);
+            tokio::spawn(async move { budget.reserve("fast", 4, 10).await })
+        };
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(!waiting.is_finished());
+        assert_eq!(budget.governing_group().as_deref(), Some("slow"));
+        budget.release("fast", fast);
+        let got = waiting.await.unwrap();
+        assert_eq!(got.records, 2);
+        assert_eq!(budget.held_by("slow"), slow);
+        assert_eq!(kib_cost(0), 1);
+        assert_eq!(kib_cost(1025), 2);
+    }
+}

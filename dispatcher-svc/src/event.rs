@@ -1,0 +1,175 @@
+//! Events between the client API (`eventmesh.v1.Event`) and the MQ (EventMeshFrame).
+//!
+//! The CloudEvents context attributes travel as frame attributes with their CloudEvents names
+//! (`id`, `source`, `type`, `subject`, `time`, `datacontenttype`), extensions as further
+//! attributes, the payload as data. On Publish, user attribute names may not start with `em`
+//! (the runtime's prefix) nor repeat a context attribute name (use the field), and the frame
+//! must fit [`FrameLimits::DEFAULT`]; on delivery every attribute that is not a context
+//! attribute — including the runtime's stamps such as `emmqoffset` — appears in `attributes`.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use eventmesh_common::frame::{Frame, FrameError, FrameLimits, RESERVED_ATTR_PREFIX};
+use eventmesh_proto::client::Event;
+
+use crate::error::DispatcherError;
+
+const ID: &str = "id";
+const SOURCE: &str = "source";
+const TYPE: &str = "type";
+const SUBJECT: &str = "subject";
+const TIME: &str = "time";
+const DATA_CONTENT_TYPE: &str = "datacontenttype";
+const SPEC_VERSION: &str = "specversion";
+const CONTEXT_ATTRIBUTES: [&str; 7] = [
+    ID,
+    SOURCE,
+    TYPE,
+    SUBJECT,
+    TIME,
+    DATA_CONTENT_TYPE,
+    SPEC_VERSION,
+];
+
+/// Encodes a published event as a frame, generating its id when empty. Returns the frame and
+/// the event id.
+pub fn encode_for_publish(mut event: Event) -> Result<(Bytes, String), DispatcherError> {
+    for name in event.attributes.keys() {
+        if name.starts_with(RESERVED_ATTR_PREFIX) {
+            return Err(DispatcherError::invalid(
+                format!("event.attributes[{name:?}]"),
+                "attribute names starting with `em` are reserved for the runtime",
+            ));
+        }
+        if CONTEXT_ATTRIBUTES.contains(&name.as_str()) {
+            return Err(DispatcherError::invalid(
+                format!("event.attributes[{name:?}]"),
+                "is a CloudEvents context attribute; set the event's field instead",
+            ));
+        }
+    }
+    if event.id.is_empty() {
+        event.id = new_event_id();
+    }
+    let mut frame = Frame::event();
+    for (name, value) in [
+        (ID, &event.id),
+        (SOURCE, &event.source),
+        (TYPE, &event.r#type),
+        (SUBJECT, &event.subject),
+        (TIME, &event.time),
+        (DATA_CONTENT_TYPE, &event.data_content_type),
+    ] {
+        if !value.is_empty() {
+            frame.set_attribute(name, value.clone());
+        }
+    }
+    // Sorted, so equal events encode equally.
+    let mut attributes: Vec<_> = event.attributes.into_iter().collect();
+    attributes.sort_unstable();
+    for (name, value) in attributes {
+        frame.set_attribute(name, value);
+    }
+    frame.data = event.data;
+    let body = frame
+        .encode(&FrameLimits::DEFAULT)
+        .map_err(|err| match err {
+            FrameError::FrameLength { .. } | FrameError::DataLength { .. } => {
+                DispatcherError::TooLarge(err.to_string())
+            }
+            other => DispatcherError::invalid("event", other.to_string()),
+        })?;
+    Ok((body, event.id))
+}
+
+/// Turns a pulled, stamped frame into the client's event.
+pub fn decode_for_delivery(body: &Bytes) -> Result<Event, FrameError> {
+    // Stamping adds a few attributes to a frame that met the user limits; decode with room.
+    let frame = Frame::decode(body, &eventmesh_common::dead_letter::ENVELOPE_LIMITS)?;
+    let mut event = Event {
+        data: frame.data.clone(),
+        ..Event::default()
+    };
+    for (name, value) in frame.attributes() {
+        let slot = match name.as_str() {
+            ID => &mut event.id,
+            SOURCE => &mut event.source,
+            TYPE => &mut event.r#type,
+            SUBJECT => &mut event.subject,
+            TIME => &mut event.time,
+            DATA_CONTENT_TYPE => &mut event.data_content_type,
+            _ => {
+                event.attributes.insert(name.clone(), value.clone());
+                continue;
+            }
+        };
+        *slot = value.clone();
+    }
+    Ok(event)
+}
+
+/// A fresh event id: time, process and a counter, unique without coordination.
+pub fn new_event_id() -> String {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    static PROCESS: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+    let process = *PROCESS.get_or_init(rand::random::<u32>);
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    let count = COUNTER.fetch_add(1, Ordering::Relaxed);
+    format!("{nanos:016x}-{process:08x}-{count:x}")
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn event() -> Event {
+        Event {
+            source: "/orders".into(),
+            r#type: "order.created".into(),
+            data: Bytes::from_static(b"{}"),
+            attributes: [("tenant".to_owned(), "a".to_owned())].into(),
+            ..Event::default()
+        }
+    }
+
+    #[test]
+    fn round_trip_fills_the_id() {
+        let (body, id) = encode_for_publish(event()).unwrap();
+        assert!(!id.is_empty());
+        let back = decode_for_delivery(&body).unwrap();
+        assert_eq!(back.id, id);
+        assert_eq!(back.source, "/orders");
+        assert_eq!(back.r#type, "order.created");
+        assert_eq!(back.attributes["tenant"], "a");
+        assert_eq!(&back.data[..], b"{}");
+        assert_ne!(new_event_id(), new_event_id());
+    }
+
+    #[test]
+    fn reserved_and_context_names_are_refused() {
+        for name in ["emmqoffset", "em", "id", "specversion"] {
+            let mut bad = event();
+            bad.attributes.insert(name.into(), "x".into());
+            let err = encode_for_publish(bad).unwrap_err();
+            assert!(matches!(err, DispatcherError::InvalidArgument(_)), "{name}");
+        }
+    }
+
+    #[test]
+    fn oversized_data_is_too_large() {
+        let mut big = event();
+        big.data = Bytes::from(vec![0u8; FrameLimits::DEFAULT.max_data_bytes + 1]);
+        assert!(matches!(
+            encode_for_publish(big).unwrap_err(),
+            DispatcherError::TooLarge(_)
+        ));
+        let mut long_value = event();
+        long_value.attributes.insert("k".into(), "v".repeat(5000));
+        assert!(encode_for_publish(long_value).is_err());
+    }
+}

@@ -1,0 +1,28 @@
+//! The dispatcher-svc binary: parse flags, serve until SIGINT/SIGTERM.
+
+use std::io::Write;
+
+use anyhow::Context;
+use clap::Parser;
+use dispatcher_svc::config::Args;
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let config = Args::parse().into_config()?;
+    let _telemetry = eventmesh_common::telemetry::init("dispatcher-svc", config.log_format)?;
+    eventmesh_common::metrics::install(config.metrics_listen)?;
+    let shutdown =
+        eventmesh_common::shutdown::on_signals().context("installing signal handlers")?;
+    let (server, _shared) = dispatcher_svc::server::start(config, shutdown).await?;
+    // The one line on stdout: scripts and tests read the bound address from it.
+    let mut stdout = std::io::stdout().lock();
+    writeln!(
+        stdout,
+        "dispatcher-svc listening on {}",
+        server.local_addr()
+    )?;
+    stdout.flush()?;
+    drop(stdout);
+    server.wait().await?;
+    Ok(())
+}

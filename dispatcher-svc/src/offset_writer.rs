@@ -1,0 +1,182 @@
+//! The offset writer: step 1 of the ACK chain (DESIGN §3).
+//!
+//! Every ACK (and every dead-letter, and every idle watermark flush) becomes a job carrying
+//! the values it needs durable: the group's gap-free watermark under `__mqcursor…__` and the
+//! client's own watermark. Jobs arriving within the flush window share **one** `WriteOffsets`
+//! call (one RocksDB write batch in offset-svc). When it succeeds every job in it is told
+//! [`WriteNotice::Durable`]; only then may the dispatcher retire the delivery and forward the
+//! broker ACK. When it fails, each job is told [`WriteNotice::Pending`] once ("ACKed, write
+//! pending", DESIGN §6), the writer reports itself unhealthy (pulling pauses, readiness goes
+//! off) and retries the merged batch with backoff until offset-svc answers. Nothing is
+//! dropped: a job leaves only as durable.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use eventmesh_common::keys::OffsetKey;
+use eventmesh_common::shutdown::CancellationToken;
+use eventmesh_proto::offset::offset_service_client::OffsetServiceClient;
+use eventmesh_proto::offset::{OffsetEntry, WriteOffsetsRequest};
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
+use tonic::transport::Channel;
+
+use crate::batching::{Backoff, gather};
+
+/// What happened to a job.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WriteNotice {
+    /// Its values are durable in offset-svc.
+    Durable,
+    /// The write failed; it is being retried (sent at most once per job).
+    Pending,
+}
+
+/// Receives the notices of a job.
+pub type Listener = Arc<dyn Fn(u64, WriteNotice) + Send + Sync>;
+
+/// Values that must become durable together, and who to tell.
+pub struct WriteJob {
+    /// Keys and the values they must reach (CAS-max: lower stored values are raised).
+    pub entries: Vec<(OffsetKey, i64)>,
+    /// The caller's id for this job, passed back in notices.
+    pub token: u64,
+    /// Who is told.
+    pub listener: Listener,
+}
+
+struct Queued {
+    job: WriteJob,
+    told_pending: bool,
+}
+
+/// The handle to the writer task.
+#[derive(Clone)]
+pub struct OffsetWriter {
+    jobs: mpsc::UnboundedSender<WriteJob>,
+    healthy: watch::Receiver<bool>,
+}
+
+impl OffsetWriter {
+    /// Starts the writer. It runs until every handle is dropped and its queue is durable, or
+    /// until `shutdown` while offset-svc is failing (what is then left was never durable and is
+    /// pulled again after a restart).
+    pub fn spawn(
+        channel: Channel,
+        window: Duration,
+        sync: bool,
+        shutdown: CancellationToken,
+    ) -> (OffsetWriter, JoinHandle<()>) {
+        let (jobs, rx) = mpsc::unbounded_channel();
+        let (health_tx, healthy) = watch::channel(true);
+        let task = tokio::spawn(run(
+            OffsetServiceClient::new(channel),
+            rx,
+            window,
+            sync,
+            health_tx,
+            shutdown,
+        ));
+        (OffsetWriter { jobs, healthy }, task)
+    }
+
+    /// Queues a job. A job submitted after the writer stopped is told nothing (the instance is
+    /// going down; the delivery stays un-ACKed and is pulled again).
+    pub fn submit(&self, job: WriteJob) {
+        let _ = self.jobs.send(job);
+    }
+
+    /// `true` while the last write succeeded.
+    pub fn health(&self) -> watch::Receiver<bool> {
+        self.healthy.clone()
+    }
+}
+
+async fn run(
+    mut client: OffsetServiceClient<Channel>,
+    mut rx: mpsc::UnboundedReceiver<WriteJob>,
+    window: Duration,
+    sync: bool,
+    health: watch::Sender<bool>,
+    shutdown: CancellationToken,
+) {
+    let mut fresh = Vec::new();
+    let mut queue: Vec<Queued> = Vec::new();
+    let mut backoff = Backoff::default();
+    loop {
+        if queue.is_empty() {
+            if !gather(&mut rx, window, &mut fresh).await {
+                return;
+            }
+        } else {
+            // Retrying: take what arrived meanwhile, never wait for more.
+            while let Ok(job) = rx.try_recv() {
+                fresh.push(job);
+            }
+        }
+        queue.extend(fresh.drain(..).map(|job| Queued {
+            job,
+            told_pending: false,
+        }));
+        if queue.is_empty() {
+            continue;
+        }
+        let request = merged(&queue, sync);
+        let entries = request.entries.len();
+        let started = Instant::now();
+        match client.write_offsets(request).await {
+            Ok(_) => {
+                metrics::histogram!("dispatcher_offset_write_seconds")
+                    .record(started.elapsed().as_secs_f64());
+                metrics::histogram!("dispatcher_offset_write_entries").record(entries as f64);
+                for queued in queue.drain(..) {
+                    (queued.job.listener)(queued.job.token, WriteNotice::Durable);
+                }
+                backoff.reset();
+                health.send_if_modified(|h| !std::mem::replace(h, true));
+                metrics::gauge!("dispatcher_offset_writes_pending").set(0.0);
+            }
+            Err(status) => {
+                metrics::counter!("dispatcher_offset_write_failures_total").increment(1);
+                metrics::gauge!("dispatcher_offset_writes_pending").set(queue.len() as f64);
+                health.send_if_modified(|h| std::mem::replace(h, false));
+                tracing::warn!(code = ?status.code(), message = status.message(), jobs = queue.len(), "offset write failed; ACKs are pending and will be retried");
+                for queued in queue.iter_mut().filter(|q| !q.told_pending) {
+                    queued.told_pending = true;
+                    (queued.job.listener)(queued.job.token, WriteNotice::Pending);
+                }
+                tokio::select! {
+                    () = tokio::time::sleep(backoff.next_delay()) => {}
+                    () = shutdown.cancelled() => {
+                        tracing::warn!(jobs = queue.len(), "shutting down with offset writes pending; those deliveries will be pulled again");
+                        return;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// One request for every queued job: the highest value per key.
+fn merged(queue: &[Queued], sync: bool) -> WriteOffsetsRequest {
+    let mut highest: HashMap<&OffsetKey, i64> = HashMap::new();
+    for (key, value) in queue.iter().flat_map(|q| q.job.entries.iter()) {
+        let slot = highest.entry(key).or_insert(*value);
+        *slot = (*slot).max(*value);
+    }
+    WriteOffsetsRequest {
+        entries: highest
+            .into_iter()
+            .map(|(key, offset)| OffsetEntry {
+                key: Some(eventmesh_proto::offset::OffsetKey {
+                    topic: key.topic.to_string(),
+                    client_id: key.client.to_string(),
+                    partition: key.partition.to_string(),
+                }),
+                offset,
+            })
+            .collect(),
+        sync,
+    }
+}

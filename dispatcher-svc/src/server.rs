@@ -1,0 +1,177 @@
+//! Running an instance: the offset writer, the broker-ACK forwarder, the groups and the
+//! client-facing gRPC server with health (readiness follows the offset writer: an instance
+//! whose ACKs cannot become durable is not ready) and reflection.
+//!
+//! Shutdown order (DESIGN §12): readiness off and no new streams; sessions are told to
+//! reconnect; groups stop pulling and flush their watermarks; the writer and forwarder get a
+//! moment to finish. What is still un-ACKed then is pulled again by the next instance.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use eventmesh_common::grpc;
+use eventmesh_common::shutdown::CancellationToken;
+use eventmesh_proto::client::event_mesh_service_server::EventMeshServiceServer;
+use tokio::net::TcpListener;
+use tonic::server::NamedService;
+use tonic::transport::{Channel, Endpoint};
+use tonic_health::ServingStatus;
+
+use crate::broker_ack::BrokerAcker;
+use crate::config::Config;
+use crate::offset_writer::OffsetWriter;
+use crate::registry::{Shared, SharedParts};
+use crate::service::EventMeshGrpc;
+
+/// Largest client message (an event at the frame limit plus the request around it).
+pub const MAX_MESSAGE_BYTES: usize = 17 * 1024 * 1024;
+/// How long groups get to flush at shutdown.
+const FLUSH_GRACE: Duration = Duration::from_millis(500);
+
+/// Why the server could not start or stopped badly.
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    /// Binding failed.
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        /// The address.
+        addr: SocketAddr,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// An endpoint setting is not a URI.
+    #[error("invalid {name} endpoint {value:?}: {source}")]
+    Endpoint {
+        /// Which setting.
+        name: &'static str,
+        /// Its value.
+        value: String,
+        /// Why.
+        source: tonic::transport::Error,
+    },
+    /// Serving failed.
+    #[error("gRPC server failed: {0}")]
+    Serve(#[from] tonic::transport::Error),
+    /// A task died or reflection could not be built.
+    #[error("server task failed: {0}")]
+    Task(String),
+}
+
+impl From<tokio::task::JoinError> for ServerError {
+    fn from(err: tokio::task::JoinError) -> Self {
+        ServerError::Task(err.to_string())
+    }
+}
+
+/// A started dispatcher.
+pub type RunningServer = grpc::RunningServer<ServerError>;
+
+fn lazy_channel(name: &'static str, value: &str) -> Result<Channel, ServerError> {
+    Ok(Endpoint::from_shared(value.to_owned())
+        .map_err(|source| ServerError::Endpoint {
+            name,
+            value: value.to_owned(),
+            source,
+        })?
+        .tcp_nodelay(true)
+        .initial_stream_window_size(grpc::HTTP2_STREAM_WINDOW)
+        .initial_connection_window_size(grpc::HTTP2_CONNECTION_WINDOW)
+        .connect_lazy())
+}
+
+/// Starts an instance per `config`; it serves until `shutdown` is cancelled. Returns the
+/// running server and the shared state (for inspection by tests and operators' tooling).
+pub async fn start(
+    config: Config,
+    shutdown: CancellationToken,
+) -> Result<(RunningServer, Arc<Shared>), ServerError> {
+    let bind_error = |source| ServerError::Bind {
+        addr: config.listen,
+        source,
+    };
+    let listener = TcpListener::bind(config.listen).await.map_err(bind_error)?;
+    let local_addr = listener.local_addr().map_err(bind_error)?;
+    // Lazy: the dispatcher starts while its neighbours are still coming up.
+    let puller = lazy_channel("puller", &config.puller)?;
+    let offsets = lazy_channel("offset_svc", &config.offset_svc)?;
+    let window = Duration::from_millis(config.delivery.ack_flush_ms);
+    let workers = CancellationToken::new();
+    let (writer, writer_task) = OffsetWriter::spawn(
+        offsets.clone(),
+        window,
+        config.delivery.sync_offsets,
+        workers.clone(),
+    );
+    let (broker_acks, acker_task) = BrokerAcker::spawn(puller.clone(), window, workers.clone());
+    let instance_id = if config.instance_id.is_empty() {
+        format!("dispatcher-{:08x}", rand::random::<u32>())
+    } else {
+        config.instance_id.clone()
+    };
+    let advertise = if config.advertise.is_empty() {
+        local_addr.to_string()
+    } else {
+        config.advertise.clone()
+    };
+    let shared = Shared::new(SharedParts {
+        settings: config.delivery.clone(),
+        instance_id: instance_id.clone(),
+        puller,
+        offsets,
+        writer: writer.clone(),
+        broker_acks,
+        shutdown: shutdown.clone(),
+    });
+    let (health, router) = grpc::standard_router(&[eventmesh_proto::FILE_DESCRIPTOR_SET])
+        .map_err(|err| ServerError::Task(err.to_string()))?;
+    let service = EventMeshGrpc::new(Arc::clone(&shared), advertise, shutdown.clone());
+    let router = router.add_service(
+        EventMeshServiceServer::new(service)
+            .max_decoding_message_size(MAX_MESSAGE_BYTES)
+            .max_encoding_message_size(MAX_MESSAGE_BYTES),
+    );
+    let name = <EventMeshServiceServer<EventMeshGrpc> as NamedService>::NAME;
+    grpc::mark_serving(&health, name).await;
+    // Readiness follows the offset writer.
+    {
+        let health = health.clone();
+        let mut writes = writer.health();
+        let shutdown = shutdown.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    changed = writes.changed() => if changed.is_err() { return },
+                    () = shutdown.cancelled() => return,
+                }
+                let status = if *writes.borrow_and_update() {
+                    ServingStatus::Serving
+                } else {
+                    ServingStatus::NotServing
+                };
+                health.set_service_status(grpc::READINESS, status).await;
+            }
+        });
+    }
+    let drain = Duration::from_secs(config.shutdown_timeout_secs);
+    let token = shutdown.clone();
+    let state = Arc::clone(&shared);
+    let task = tokio::spawn(async move {
+        let served = grpc::serve(router, listener, health, name, token, drain).await;
+        state.stop_all();
+        let deadline = tokio::time::Instant::now() + FLUSH_GRACE;
+        while state.group_count() > 0 && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        tokio::time::sleep(window + Duration::from_millis(50)).await;
+        workers.cancel();
+        drop(state);
+        drop(writer);
+        let _ = tokio::time::timeout(FLUSH_GRACE, writer_task).await;
+        let _ = tokio::time::timeout(FLUSH_GRACE, acker_task).await;
+        tracing::info!("dispatcher-svc stopped");
+        served.map_err(ServerError::from)
+    });
+    tracing::info!(%local_addr, instance = instance_id, "dispatcher-svc serving");
+    Ok((RunningServer::new(local_addr, shutdown, task), shared))
+}

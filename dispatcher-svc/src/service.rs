@@ -1,0 +1,401 @@
+//! The client-facing `eventmesh.v1.EventMeshService` (DESIGN §9).
+//!
+//! `Subscribe` is one session: the first message must be `open` (validated: client id, topic,
+//! group, mode, start, in-flight limit); the session then joins its group and two things run
+//! until the stream ends — deliveries and results flow out, ACK / NACK / Extend flow in. Each
+//! delivery id in a client message is answered by exactly one AckResult (a malformed, foreign
+//! or unknown id is answered UNKNOWN and never breaks the stream); an id is routed to the group
+//! that issued it, so a client may settle on any of its sessions. A delivery counts as written
+//! — its ACK clock starts — when the response stream hands it to the transport.
+//!
+//! Back-pressure: a session's outgoing queue only grows by deliveries (bounded by its in-flight
+//! limit) and by the results of the client message being handled; while the client does not
+//! read, the session stops reading the client's messages too.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use eventmesh_common::keys::{ClientId, GroupName, Topic};
+use eventmesh_common::shutdown::CancellationToken;
+use eventmesh_common::status::FieldError;
+use eventmesh_proto::client as pb;
+use eventmesh_proto::client::event_mesh_service_server::EventMeshService;
+use eventmesh_proto::client::{
+    AckOutcome, StartPosition, SubscribeRequest, SubscribeResponse, SubscriptionMode,
+    subscribe_request, subscribe_response,
+};
+use eventmesh_proto::puller::PublishRequest as PullerPublish;
+use futures::{Stream, StreamExt};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status, Streaming};
+use tracing::Instrument;
+
+use crate::delivery_id::DeliveryId;
+use crate::error::DispatcherError;
+use crate::event::encode_for_publish;
+use crate::group::{GroupCmd, Outbound, SessionLink, SettleOp, stamp_deadline};
+use crate::registry::{GroupKey, Shared};
+
+/// Responses buffered per session between the session task and the transport.
+const RESPONSE_BUFFER: usize = 64;
+
+/// The service.
+#[derive(Clone)]
+pub struct EventMeshGrpc {
+    shared: Arc<Shared>,
+    advertise: String,
+    shutdown: CancellationToken,
+}
+
+impl EventMeshGrpc {
+    /// Serves over `shared`; `advertise` is the address Recommend answers with.
+    pub fn new(shared: Arc<Shared>, advertise: String, shutdown: CancellationToken) -> Self {
+        EventMeshGrpc {
+            shared,
+            advertise,
+            shutdown,
+        }
+    }
+}
+
+/// A validated Open.
+#[derive(Debug)]
+pub struct OpenSession {
+    /// The client.
+    pub client: ClientId,
+    /// Its group.
+    pub key: GroupKey,
+    /// Where a new group starts.
+    pub start: StartPosition,
+    /// The in-flight limit in force.
+    pub max_in_flight: u32,
+}
+
+/// Validates an Open against the settings.
+pub fn validate_open(
+    open: &pb::Open,
+    default_max_in_flight: u32,
+    max_in_flight_limit: u32,
+) -> Result<OpenSession, FieldError> {
+    let client =
+        ClientId::new(open.client_id.clone()).map_err(|e| FieldError::new("open.client_id", e))?;
+    let topic = Topic::new(open.topic.clone()).map_err(|e| FieldError::new("open.topic", e))?;
+    let mode = SubscriptionMode::try_from(open.mode)
+        .map_err(|_| FieldError::new("open.mode", format!("unknown mode {}", open.mode)))?;
+    let group = match mode {
+        SubscriptionMode::Broadcast => {
+            Some(GroupName::new(open.client_id.clone()).map_err(|e| {
+                FieldError::new(
+                    "open.client_id",
+                    format!(
+                        "BROADCAST makes the client id the group name, which it cannot be: {e}"
+                    ),
+                )
+            })?)
+        }
+        SubscriptionMode::LoadBalance | SubscriptionMode::Unspecified => {
+            if open.group.is_empty() {
+                None
+            } else {
+                Some(
+                    GroupName::new(open.group.clone())
+                        .map_err(|e| FieldError::new("open.group", e))?,
+                )
+            }
+        }
+    };
+    let start = StartPosition::try_from(open.start)
+        .map_err(|_| FieldError::new("open.start", format!("unknown start {}", open.start)))?;
+    let max_in_flight = match open.max_in_flight {
+        0 => default_max_in_flight,
+        n => n.min(max_in_flight_limit),
+    };
+    Ok(OpenSession {
+        client,
+        key: GroupKey { topic, group },
+        start,
+        max_in_flight,
+    })
+}
+
+type SubscribeStream = Pin<Box<dyn Stream<Item = Result<SubscribeResponse, Status>> + Send>>;
+
+/// What the session task hands to the response stream.
+enum Item {
+    Delivery {
+        message: Box<pb::Delivery>,
+        seq: u64,
+        group: mpsc::UnboundedSender<GroupCmd>,
+    },
+    Response(Box<Result<SubscribeResponse, Status>>),
+}
+
+fn response(kind: subscribe_response::Kind) -> Item {
+    Item::Response(Box::new(Ok(SubscribeResponse { kind: Some(kind) })))
+}
+
+#[tonic::async_trait]
+impl EventMeshService for EventMeshGrpc {
+    async fn recommend(
+        &self,
+        request: Request<pb::RecommendRequest>,
+    ) -> Result<Response<pb::RecommendResponse>, Status> {
+        let request = request.into_inner();
+        if !request.client_id.is_empty() {
+            ClientId::new(request.client_id).map_err(|e| FieldError::new("client_id", e))?;
+        }
+        // Single-node default (DESIGN §8): without a cluster registry this instance answers
+        // with itself, even when excluded — there is nowhere else to go.
+        Ok(Response::new(pb::RecommendResponse {
+            address: self.advertise.clone(),
+            instance_id: self.shared.instance_id.clone(),
+        }))
+    }
+
+    #[tracing::instrument(skip_all, fields(messaging.destination.name = %request.get_ref().topic))]
+    async fn publish(
+        &self,
+        request: Request<pb::PublishRequest>,
+    ) -> Result<Response<pb::PublishResponse>, Status> {
+        let request = request.into_inner();
+        let topic = Topic::new(request.topic).map_err(|e| FieldError::new("topic", e))?;
+        let event = request
+            .event
+            .ok_or_else(|| DispatcherError::invalid("event", "required"))?;
+        let (body, event_id) = encode_for_publish(event)?;
+        let publish = PullerPublish {
+            topic: topic.to_string(),
+            body,
+            key: request.key.into_bytes().into(),
+            partition: String::new(),
+        };
+        let mut puller = self.shared.puller();
+        let puller_error = |status| DispatcherError::dependency("puller-svc", status);
+        let stored = match puller.publish(publish.clone()).await {
+            // A topic is created on first use (idempotent), then the publish is retried once.
+            Err(status) if status.code() == tonic::Code::NotFound => {
+                puller
+                    .create_topic(eventmesh_proto::puller::CreateTopicRequest {
+                        topic: topic.to_string(),
+                        partitions: 0,
+                    })
+                    .await
+                    .map_err(puller_error)?;
+                puller.publish(publish).await
+            }
+            other => other,
+        }
+        .map_err(puller_error)?
+        .into_inner();
+        metrics::counter!("dispatcher_published_total").increment(1);
+        Ok(Response::new(pb::PublishResponse {
+            partition: stored.partition,
+            offset: stored.offset,
+            event_id,
+        }))
+    }
+
+    type SubscribeStream = SubscribeStream;
+
+    async fn subscribe(
+        &self,
+        request: Request<Streaming<SubscribeRequest>>,
+    ) -> Result<Response<Self::SubscribeStream>, Status> {
+        let mut inbound = request.into_inner();
+        let open = match inbound.message().await? {
+            Some(SubscribeRequest {
+                kind: Some(subscribe_request::Kind::Open(open)),
+            }) => open,
+            Some(_) => {
+                return Err(Status::failed_precondition(
+                    "the first message of a Subscribe stream must be open",
+                ));
+            }
+            None => {
+                return Err(Status::invalid_argument(
+                    "the stream ended before an open message",
+                ));
+            }
+        };
+        let settings = &self.shared.settings;
+        let session = validate_open(
+            &open,
+            settings.default_max_in_flight,
+            settings.max_in_flight_limit,
+        )?;
+        let session_id = self.shared.next_session_id();
+        let (out_tx, out_rx) = mpsc::unbounded_channel();
+        let link = SessionLink {
+            id: session_id,
+            client: session.client.clone(),
+            out: out_tx.clone(),
+            max_in_flight: session.max_in_flight,
+        };
+        let handle = self
+            .shared
+            .join(session.key.clone(), session.start, link)
+            .await?;
+        let span = tracing::info_span!("session", session = session_id, client = %session.client, group = %session.key);
+        tracing::info!(parent: &span, max_in_flight = session.max_in_flight, "session opened");
+        let (responses, response_rx) = mpsc::channel(RESPONSE_BUFFER);
+        let opened = subscribe_response::Kind::Opened(pb::Opened {
+            session_id: format!("{:x}.{session_id:x}", self.shared.epoch),
+            group: session.key.label(),
+            instance_id: self.shared.instance_id.clone(),
+            max_in_flight: session.max_in_flight,
+        });
+        let _ = responses.send(response(opened)).await;
+        let task = SessionTask {
+            shared: Arc::clone(&self.shared),
+            client: session.client,
+            out_tx,
+            responses,
+        };
+        let group = handle.commands.clone();
+        let shutdown = self.shutdown.clone();
+        tokio::spawn(
+            async move {
+                task.run(inbound, out_rx, shutdown).await;
+                let _ = group.send(GroupCmd::Leave {
+                    session: session_id,
+                });
+                tracing::info!("session closed");
+            }
+            .instrument(span),
+        );
+        let timeout = settings.ack_timeout();
+        let stream =
+            ReceiverStream::new(response_rx).map(move |item| written(item, session_id, timeout));
+        Ok(Response::new(Box::pin(stream)))
+    }
+}
+
+/// The transport takes an item: a delivery's ACK clock starts now.
+fn written(item: Item, session: u64, timeout: Duration) -> Result<SubscribeResponse, Status> {
+    match item {
+        Item::Response(response) => *response,
+        Item::Delivery {
+            mut message,
+            seq,
+            group,
+        } => {
+            stamp_deadline(&mut message, timeout);
+            let _ = group.send(GroupCmd::Written {
+                seq,
+                session,
+                at: Instant::now(),
+            });
+            Ok(SubscribeResponse {
+                kind: Some(subscribe_response::Kind::Delivery(*message)),
+            })
+        }
+    }
+}
+
+struct SessionTask {
+    shared: Arc<Shared>,
+    client: ClientId,
+    out_tx: mpsc::UnboundedSender<Outbound>,
+    responses: mpsc::Sender<Item>,
+}
+
+impl SessionTask {
+    async fn run(
+        &self,
+        mut inbound: Streaming<SubscribeRequest>,
+        mut out_rx: mpsc::UnboundedReceiver<Outbound>,
+        shutdown: CancellationToken,
+    ) {
+        loop {
+            tokio::select! {
+                outbound = out_rx.recv() => {
+                    let Some(outbound) = outbound else { return };
+                    let item = match outbound {
+                        Outbound::Delivery { message, seq, group } => Item::Delivery { message, seq, group },
+                        Outbound::Result(result) => response(subscribe_response::Kind::AckResult(result)),
+                    };
+                    // Waits while the client does not read: then its messages are not read
+                    // either, which bounds what it can make us queue.
+                    if self.responses.send(item).await.is_err() {
+                        return;
+                    }
+                }
+                message = inbound.message() => match message {
+                    Ok(Some(message)) => {
+                        if let Err(status) = self.handle(message) {
+                            let _ = self.responses.send(Item::Response(Box::new(Err(status)))).await;
+                            return;
+                        }
+                    }
+                    Ok(None) => return,
+                    Err(status) => {
+                        tracing::debug!(code = ?status.code(), message = status.message(), "client stream broke");
+                        return;
+                    }
+                },
+                () = shutdown.cancelled() => {
+                    let _ = self.responses.send(Item::Response(Box::new(Err(Status::unavailable("the instance is shutting down; reconnect (Recommend names another)"))))).await;
+                    return;
+                }
+            }
+        }
+    }
+
+    fn handle(&self, message: SubscribeRequest) -> Result<(), Status> {
+        match message.kind {
+            Some(subscribe_request::Kind::Ack(ack)) => {
+                for id in ack.delivery_ids {
+                    self.route(id, SettleOp::Ack);
+                }
+            }
+            Some(subscribe_request::Kind::Nack(nack)) => {
+                let delay =
+                    (nack.delay_ms > 0).then(|| Duration::from_millis(nack.delay_ms.into()));
+                self.route(nack.delivery_id, SettleOp::Nack(delay));
+            }
+            Some(subscribe_request::Kind::Extend(extend)) => {
+                let extra = Duration::from_millis(extend.extra_ms.into());
+                self.route(extend.delivery_id, SettleOp::Extend(extra));
+            }
+            Some(subscribe_request::Kind::Open(_)) => {
+                return Err(Status::failed_precondition(
+                    "open may only be the first message of a Subscribe stream",
+                ));
+            }
+            None => {
+                return Err(Status::invalid_argument("empty SubscribeRequest"));
+            }
+        }
+        Ok(())
+    }
+
+    /// Sends a request about one delivery to the group that issued it, or answers UNKNOWN.
+    fn route(&self, raw_id: String, op: SettleOp) {
+        let unknown = |detail: &str| {
+            metrics::counter!("dispatcher_unknown_delivery_ids_total").increment(1);
+            let _ = self.out_tx.send(Outbound::Result(pb::AckResult {
+                delivery_id: raw_id.clone(),
+                outcome: AckOutcome::Unknown as i32,
+                detail: detail.to_owned(),
+            }));
+        };
+        let Some(id) = DeliveryId::parse(&raw_id) else {
+            return unknown("malformed delivery id");
+        };
+        if id.epoch != self.shared.epoch {
+            return unknown("not issued by this instance since its last start");
+        }
+        let Some(group) = self.shared.group_by_number(id.group) else {
+            return unknown("its subscription group has ended on this instance");
+        };
+        let _ = group.commands.send(GroupCmd::Settle {
+            op,
+            id,
+            raw_id: raw_id.clone(),
+            client: self.client.clone(),
+            reply_to: self.out_tx.clone(),
+        });
+    }
+}

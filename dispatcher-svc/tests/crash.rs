@@ -1,0 +1,238 @@
+//! Crash tests of the real dispatcher binary (`kill -9`, and the named crash points of
+//! `EM_DISPATCHER_CRASH_AT`), with puller-svc and offset-svc alive in this process. A checker
+//! counts every event: nothing un-ACKed may be lost, nothing ACKed at or below the stored
+//! watermark may come back, and duplicates are bounded by what was in flight.
+
+#![allow(clippy::unwrap_used)]
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use eventmesh_proto::client::SubscriptionMode;
+use support::*;
+
+const WAIT: Duration = Duration::from_secs(10);
+
+struct Dispatcher {
+    child: Child,
+    addr: SocketAddr,
+}
+
+impl Dispatcher {
+    fn start(puller: SocketAddr, offsets: SocketAddr, crash_at: Option<&str>) -> Dispatcher {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_dispatcher-svc"));
+        command
+            .args(["--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"])
+            .arg("--puller")
+            .arg(format!("http://{puller}"))
+            .arg("--offset-svc")
+            .arg(format!("http://{offsets}"))
+            .args(["--backoff-base-ms", "50", "--backoff-max-ms", "100"])
+            .env_remove("EM_DISPATCHER_CRASH_AT")
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit());
+        if let Some(point) = crash_at {
+            command.env("EM_DISPATCHER_CRASH_AT", point);
+        }
+        let mut child = command.spawn().unwrap();
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let addr = line
+            .trim()
+            .strip_prefix("dispatcher-svc listening on ")
+            .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
+            .parse()
+            .unwrap();
+        Dispatcher { child, addr }
+    }
+
+    fn kill9(&mut self) {
+        self.child.kill().unwrap();
+        self.child.wait().unwrap();
+    }
+
+    /// Waits for the process to die by itself (a crash point); true if it did.
+    fn died_within(&mut self, wait: Duration) -> bool {
+        let deadline = std::time::Instant::now() + wait;
+        while std::time::Instant::now() < deadline {
+            if self.child.try_wait().unwrap().is_some() {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        false
+    }
+}
+
+impl Drop for Dispatcher {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+struct Neighbours {
+    _dir: tempfile::TempDir,
+    offset_svc: offset_svc::server::RunningServer,
+    puller: puller_svc::server::RunningServer,
+}
+
+impl Neighbours {
+    async fn start(topic: &str) -> Neighbours {
+        let dir = tempfile::tempdir().unwrap();
+        let offset_svc =
+            start_offset_svc(&dir.path().join("offsets"), "127.0.0.1:0".parse().unwrap()).await;
+        let puller = start_puller(&dir.path().join("puller"), offset_svc.local_addr()).await;
+        let mut client = eventmesh_proto::puller::puller_service_client::PullerServiceClient::new(
+            lazy(puller.local_addr()),
+        );
+        client
+            .create_topic(eventmesh_proto::puller::CreateTopicRequest {
+                topic: topic.into(),
+                partitions: 1,
+            })
+            .await
+            .unwrap();
+        Neighbours {
+            _dir: dir,
+            offset_svc,
+            puller,
+        }
+    }
+
+    fn dispatcher(&self, crash_at: Option<&str>) -> Dispatcher {
+        Dispatcher::start(
+            self.puller.local_addr(),
+            self.offset_svc.local_addr(),
+            crash_at,
+        )
+    }
+
+    async fn watermark(&self, topic: &str) -> Option<i64> {
+        let mut offsets = eventmesh_proto::offset::offset_service_client::OffsetServiceClient::new(
+            lazy(self.offset_svc.local_addr()),
+        );
+        offsets
+            .read_topic_offsets(eventmesh_proto::offset::ReadTopicOffsetsRequest {
+                topic: topic.into(),
+                client_id: "__mqcursor__".into(),
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .entries
+            .first()
+            .map(|e| e.offset)
+    }
+}
+
+async fn publish_via(addr: SocketAddr, topic: &str, range: std::ops::Range<u64>) {
+    let mut client =
+        eventmesh_proto::client::event_mesh_service_client::EventMeshServiceClient::new(lazy(addr));
+    publish(&mut client, topic, range).await;
+}
+
+fn lb(topic: &str) -> eventmesh_proto::client::Open {
+    open("crash-app", topic, "", SubscriptionMode::LoadBalance)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_minus_nine_after_out_of_order_acks_brings_back_every_unacked_event() {
+    let topic = "crashy";
+    let neighbours = Neighbours::start(topic).await;
+    let mut dispatcher = neighbours.dispatcher(None);
+    publish_via(dispatcher.addr, topic, 0..10).await;
+    let mut session = subscribe(dispatcher.addr, lb(topic)).await;
+    let delivered = session.deliveries(10, WAIT).await;
+    assert_eq!(delivered.len(), 10);
+    let by_offset: BTreeMap<i64, _> = delivered.iter().map(|d| (d.offset, d.clone())).collect();
+    // In order 0..=2, then out of order 4, 6, 7; 3, 5, 8, 9 stay un-ACKed.
+    let acked = [0, 1, 2, 7, 4, 6];
+    for offset in acked {
+        session
+            .ack_durably(std::slice::from_ref(&by_offset[&offset]))
+            .await;
+    }
+    assert_eq!(
+        neighbours.watermark(topic).await,
+        Some(2),
+        "the gap at 3 holds the watermark"
+    );
+    dispatcher.kill9();
+    drop(session);
+
+    let restarted = neighbours.dispatcher(None);
+    let mut session = subscribe(restarted.addr, lb(topic)).await;
+    let again = session.deliveries(10, Duration::from_secs(3)).await;
+    let mut seen: BTreeMap<i64, usize> = BTreeMap::new();
+    for d in &again {
+        *seen.entry(d.offset).or_default() += 1;
+    }
+    for lost in [3, 5, 8, 9] {
+        assert_eq!(
+            seen.get(&lost),
+            Some(&1),
+            "un-ACKed offset {lost} must come back once"
+        );
+    }
+    for settled in [0, 1, 2] {
+        assert_eq!(
+            seen.get(&settled),
+            None,
+            "offset {settled} is below the watermark"
+        );
+    }
+    // Duplicates are bounded by what was in flight above the watermark.
+    assert!(again.len() <= 7, "{seen:?}");
+    session.ack_durably(&again).await;
+    assert_eq!(neighbours.watermark(topic).await, Some(9));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn crash_after_deliver_redelivers_the_delivered_event() {
+    let topic = "after-deliver";
+    let neighbours = Neighbours::start(topic).await;
+    let mut dispatcher = neighbours.dispatcher(Some("after-deliver"));
+    publish_via(dispatcher.addr, topic, 0..3).await;
+    let session = try_subscribe(dispatcher.addr, lb(topic)).await;
+    assert!(dispatcher.died_within(WAIT), "the crash point must fire");
+    drop(session);
+    let restarted = neighbours.dispatcher(None);
+    let mut session = subscribe(restarted.addr, lb(topic)).await;
+    let all = session.deliveries(3, WAIT).await;
+    assert_eq!(all.iter().map(number).collect::<Vec<_>>(), [0, 1, 2]);
+    session.ack_durably(&all).await;
+    assert_eq!(neighbours.watermark(topic).await, Some(2));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn crash_after_the_offset_write_does_not_redeliver_what_became_durable() {
+    let topic = "after-write";
+    let neighbours = Neighbours::start(topic).await;
+    let mut dispatcher = neighbours.dispatcher(Some("after-offset-write"));
+    publish_via(dispatcher.addr, topic, 0..3).await;
+    let mut session = subscribe(dispatcher.addr, lb(topic)).await;
+    let delivered = session.deliveries(3, WAIT).await;
+    assert_eq!(delivered.len(), 3);
+    session.ack(&[&delivered[0].delivery_id]).await;
+    assert!(dispatcher.died_within(WAIT), "the crash point must fire");
+    drop(session);
+    assert_eq!(
+        neighbours.watermark(topic).await,
+        Some(0),
+        "the write was durable"
+    );
+    let restarted = neighbours.dispatcher(None);
+    let mut session = subscribe(restarted.addr, lb(topic)).await;
+    let rest = session.deliveries(3, Duration::from_secs(3)).await;
+    assert_eq!(rest.iter().map(number).collect::<Vec<_>>(), [1, 2]);
+    session.ack_durably(&rest).await;
+}

@@ -1,0 +1,528 @@
+//! The reliable dispatcher end to end on a real instance (offset-svc on RocksDB, puller-svc on
+//! the local log): the ACK chain, the gap-free watermark, redelivery, dead-lettering,
+//! reassignment, BROADCAST isolation, offset-svc outages and bounded memory. Adapted from the
+//! reference's DeferredAckDispatcherTest, ReliableDispatcherTest and MqCursorRecordingTest.
+
+#![allow(clippy::unwrap_used)]
+
+mod support;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use bytes::Bytes;
+use eventmesh_common::dead_letter::DeadLetter;
+use eventmesh_proto::client::{AckOutcome, SubscriptionMode};
+use eventmesh_proto::puller::{GroupTopic, PullRequest};
+use support::*;
+
+const WAIT: Duration = Duration::from_secs(10);
+const LB: SubscriptionMode = SubscriptionMode::LoadBalance;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acks_become_durable_watermarks_per_group_and_client() {
+    let instance = Instance::start(fast_settings()).await;
+    instance.create_topic("orders", 2).await;
+    let mut client = instance.client().await;
+    publish(&mut client, "orders", 0..20).await;
+    let mut session = subscribe(instance.dispatcher_addr(), open("app-1", "orders", "", LB)).await;
+    assert_eq!(session.opened.group, "(default)");
+    let deliveries = session.deliveries(20, WAIT).await;
+    assert_eq!(deliveries.len(), 20);
+    let numbers: BTreeSet<u64> = deliveries.iter().map(number).collect();
+    assert_eq!(numbers, (0..20).collect());
+    for d in &deliveries {
+        assert_eq!(d.attempt, 1);
+        assert!(d.ack_deadline_unix_ms > 0);
+        assert_eq!(
+            d.event.as_ref().unwrap().attributes["emmqoffset"],
+            d.offset.to_string()
+        );
+    }
+    session.ack_durably(&deliveries).await;
+    let mut last: BTreeMap<String, i64> = BTreeMap::new();
+    for d in &deliveries {
+        let slot = last.entry(d.partition.clone()).or_insert(-1);
+        *slot = (*slot).max(d.offset);
+    }
+    let cursor = instance.stored("orders", "__mqcursor__").await;
+    let client_offsets = instance.stored("orders", "app-1").await;
+    for (partition, offset) in &last {
+        assert_eq!(cursor[partition], *offset, "group watermark of {partition}");
+        assert_eq!(
+            client_offsets[partition], *offset,
+            "client watermark of {partition}"
+        );
+    }
+    // A second ACK is a no-op that says so.
+    session.ack(&[&deliveries[0].delivery_id]).await;
+    let again = session.results(1, WAIT).await;
+    assert_eq!(again[0].outcome(), AckOutcome::AlreadySettled);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn out_of_order_acks_keep_the_watermark_below_the_gap() {
+    let instance = Instance::start(fast_settings()).await;
+    instance.create_topic("single", 1).await;
+    let mut client = instance.client().await;
+    publish(&mut client, "single", 0..3).await;
+    let mut session = subscribe(instance.dispatcher_addr(), open("app", "single", "", LB)).await;
+    let d = session.deliveries(3, WAIT).await;
+    assert_eq!(d.iter().map(|d| d.offset).collect::<Vec<_>>(), [0, 1, 2]);
+    session.ack_durably(&d[2..3]).await;
+    session.ack_durably(&d[1..2]).await;
+    assert_eq!(
+        instance.stored("single", "__mqcursor__").await.get("0"),
+        None,
+        "offsets 1 and 2 are ACKed but 0 is not: nothing may be stored"
+    );
+    assert_eq!(instance.stored("single", "app").await.get("0"), None);
+    session.ack_durably(&d[0..1]).await;
+    assert_eq!(instance.stored("single", "__mqcursor__").await["0"], 2);
+    assert_eq!(instance.stored("single", "app").await["0"], 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nack_redelivers_with_the_same_id_and_an_earlier_attempts_ack_counts() {
+    let instance = Instance::start(fast_settings()).await;
+    instance.create_topic("nacks", 1).await;
+    let mut client = instance.client().await;
+    publish(&mut client, "nacks", 0..1).await;
+    let mut session = subscribe(instance.dispatcher_addr(), open("app", "nacks", "", LB)).await;
+    let first = session.deliveries(1, WAIT).await.remove(0);
+    session.nack(&first.delivery_id, 100).await;
+    assert_eq!(
+        session.results(1, WAIT).await[0].outcome(),
+        AckOutcome::Nacked
+    );
+    let second = session.deliveries(1, WAIT).await.remove(0);
+    assert_eq!(second.delivery_id, first.delivery_id);
+    assert_eq!(second.attempt, 2);
+    // Extend, then ACK "the first attempt" (same id): it settles.
+    session.extend(&second.delivery_id, 60_000).await;
+    assert_eq!(
+        session.results(1, WAIT).await[0].outcome(),
+        AckOutcome::Extended
+    );
+    session.ack_durably(std::slice::from_ref(&first)).await;
+    // Unknown and malformed ids are answered and the stream goes on.
+    session.ack(&["nonsense", "1.2.3", ""]).await;
+    let results = session.results(3, WAIT).await;
+    assert!(
+        results.iter().all(|r| r.outcome() == AckOutcome::Unknown),
+        "{results:?}"
+    );
+    publish(&mut client, "nacks", 1..2).await;
+    let next = session.deliveries(1, WAIT).await;
+    assert_eq!(number(&next[0]), 1, "the stream still works");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ack_timeouts_redeliver_then_dead_letter_to_the_dlq_topic() {
+    let settings = dispatcher_svc::config::DeliverySettings {
+        ack_timeout_ms: 300,
+        max_attempts: 3,
+        ..fast_settings()
+    };
+    let instance = Instance::start(settings).await;
+    instance.create_topic("slowpoke", 1).await;
+    let mut client = instance.client().await;
+    publish(&mut client, "slowpoke", 0..1).await;
+    let mut session = subscribe(
+        instance.dispatcher_addr(),
+        open("never-acks", "slowpoke", "", LB),
+    )
+    .await;
+    let attempts = session.deliveries(3, WAIT).await;
+    assert_eq!(
+        attempts.iter().map(|d| d.attempt).collect::<Vec<_>>(),
+        [1, 2, 3]
+    );
+    assert!(
+        attempts
+            .iter()
+            .all(|d| d.delivery_id == attempts[0].delivery_id)
+    );
+    // Dead-lettered: readable from slowpoke_DLQ, and settled (the watermark moves past it).
+    let mut puller = instance.puller_client().await;
+    let mut letters = Vec::new();
+    for _ in 0..100 {
+        let batch = puller
+            .pull(PullRequest {
+                reader: Some(GroupTopic {
+                    group: "inspect".into(),
+                    topic: "slowpoke_DLQ".into(),
+                }),
+                max_wait_ms: 200,
+                ..PullRequest::default()
+            })
+            .await;
+        match batch {
+            Ok(batch) => letters.extend(batch.into_inner().records),
+            // The DLQ topic does not exist until the first dead letter.
+            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+        if !letters.is_empty() {
+            break;
+        }
+    }
+    assert_eq!(letters.len(), 1);
+    let body: Bytes = letters[0].frame.clone();
+    // The puller stamps what it hands out; the envelope is inside as a frame of its own.
+    let frame = eventmesh_common::frame::Frame::decode(
+        &body,
+        &eventmesh_common::dead_letter::ENVELOPE_LIMITS,
+    )
+    .unwrap();
+    assert_eq!(frame.attribute("emdlqattempts"), Some("3"));
+    assert!(
+        frame
+            .attribute("emdlqreason")
+            .unwrap()
+            .contains("ACK timeout")
+    );
+    let letter = DeadLetter::decode(&body).unwrap().unwrap();
+    assert_eq!(letter.topic, "slowpoke");
+    assert_eq!(letter.offset, 0);
+    let original = eventmesh_common::frame::Frame::decode(
+        &letter.original,
+        &eventmesh_common::dead_letter::ENVELOPE_LIMITS,
+    )
+    .unwrap();
+    assert_eq!(&original.data[..], b"0");
+    wait_for(|| async { instance.stored("slowpoke", "__mqcursor__").await.get("0") == Some(&0) })
+        .await;
+    // An ACK after dead-lettering says so.
+    session.ack(&[&attempts[0].delivery_id]).await;
+    assert_eq!(
+        session.results(1, WAIT).await[0].outcome(),
+        AckOutcome::AlreadySettled
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leaving_session_hands_its_deliveries_to_the_other_and_a_late_ack_settles() {
+    let instance = Instance::start(fast_settings()).await;
+    instance.create_topic("shared", 1).await;
+    let mut client = instance.client().await;
+    let addr = instance.dispatcher_addr();
+    let mut first = subscribe(addr, open("worker-a", "shared", "workers", LB)).await;
+    let mut second = subscribe(addr, open("worker-b", "shared", "workers", LB)).await;
+    publish(&mut client, "shared", 0..10).await;
+    let a = first.deliveries(5, WAIT).await;
+    let b = second.deliveries(5, WAIT).await;
+    assert_eq!(a.len() + b.len(), 10, "round robin over both sessions");
+    second.ack_durably(&b).await;
+    // worker-a leaves with its deliveries in flight: they go to worker-b at once.
+    drop(first);
+    let moved = second.deliveries(a.len(), WAIT).await;
+    let ids = |ds: &[eventmesh_proto::client::Delivery]| {
+        ds.iter()
+            .map(|d| d.delivery_id.clone())
+            .collect::<BTreeSet<_>>()
+    };
+    assert_eq!(ids(&moved), ids(&a), "same delivery ids");
+    assert!(moved.iter().all(|d| d.attempt == 2));
+    // worker-a comes back (a new session, same client) and ACKs what it had: that settles.
+    let mut again = subscribe(addr, open("worker-a", "shared", "workers", LB)).await;
+    let late: Vec<&str> = a.iter().map(|d| d.delivery_id.as_str()).collect();
+    again.ack(&late).await;
+    let results = again.results(late.len(), WAIT).await;
+    assert!(
+        results.iter().all(|r| r.outcome() == AckOutcome::Durable),
+        "{results:?}"
+    );
+    // worker-b's ACKs of the same deliveries are now no-ops.
+    second.ack(&late).await;
+    let results = second.results(late.len(), WAIT).await;
+    assert!(
+        results
+            .iter()
+            .all(|r| r.outcome() == AckOutcome::AlreadySettled),
+        "{results:?}"
+    );
+    assert_eq!(
+        instance.stored("shared", "__mqcursor@workers__").await["0"],
+        9
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn broadcast_isolates_a_slow_client_and_its_copies_survive_a_restart() {
+    let mut instance = Instance::start(fast_settings()).await;
+    instance.create_topic("news", 1).await;
+    let mut client = instance.client().await;
+    let addr = instance.dispatcher_addr();
+    let mut fast = subscribe(addr, open("fast", "news", "", SubscriptionMode::Broadcast)).await;
+    let mut slow = subscribe(addr, open("slow", "news", "", SubscriptionMode::Broadcast)).await;
+    assert_eq!(fast.opened.group, "fast");
+    publish(&mut client, "news", 0..5).await;
+    let got = fast.deliveries(5, WAIT).await;
+    fast.ack_durably(&got).await;
+    assert_eq!(
+        slow.deliveries(5, WAIT).await.len(),
+        5,
+        "slow gets its copies but never ACKs"
+    );
+    assert_eq!(instance.stored("news", "__mqcursor@fast__").await["0"], 4);
+    assert_eq!(
+        instance.stored("news", "__mqcursor@slow__").await.get("0"),
+        None
+    );
+    drop(slow);
+    drop(fast);
+    instance.restart_dispatcher().await;
+    let addr = instance.dispatcher_addr();
+    let mut slow = subscribe(addr, open("slow", "news", "", SubscriptionMode::Broadcast)).await;
+    let copies = slow.deliveries(5, WAIT).await;
+    assert_eq!(
+        copies.iter().map(number).collect::<Vec<_>>(),
+        [0, 1, 2, 3, 4]
+    );
+    let mut fast = subscribe(addr, open("fast", "news", "", SubscriptionMode::Broadcast)).await;
+    assert!(
+        fast.deliveries(1, Duration::from_millis(800))
+            .await
+            .is_empty(),
+        "fast's ACKed copies do not come back"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn offset_svc_outage_makes_acks_pending_without_redelivery_or_dead_letters() {
+    let settings = dispatcher_svc::config::DeliverySettings {
+        ack_timeout_ms: 500,
+        max_attempts: 2,
+        ..fast_settings()
+    };
+    let mut instance = Instance::start(settings).await;
+    instance.create_topic("outage", 1).await;
+    let mut client = instance.client().await;
+    publish(&mut client, "outage", 0..20).await;
+    let mut session = subscribe(instance.dispatcher_addr(), open("app", "outage", "", LB)).await;
+    let first = session.deliveries(10, WAIT).await;
+    session.ack_durably(&first).await;
+    let rest = session.deliveries(10, WAIT).await;
+    assert_eq!(rest.len(), 10);
+    instance.stop_offset_svc().await;
+    let ids: Vec<&str> = rest.iter().map(|d| d.delivery_id.as_str()).collect();
+    session.ack(&ids).await;
+    let pending = session.results(10, WAIT).await;
+    assert!(
+        pending.iter().all(|r| r.outcome() == AckOutcome::Pending),
+        "{pending:?}"
+    );
+    // A minute down (120 ACK timeouts) while producers keep publishing: nothing ACKed comes
+    // back or is dead-lettered, and pulling pauses (the new events wait in the MQ). A pull
+    // already waiting when the writes failed ends within its 500 ms long-poll.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    for second in 0..60 {
+        publish(&mut client, "outage", 20 + second * 5..25 + second * 5).await;
+        assert!(
+            session
+                .deliveries(1, Duration::from_secs(1))
+                .await
+                .is_empty(),
+            "nothing may be delivered while ACKs are pending (second {second})"
+        );
+    }
+    instance.restart_offset_svc().await;
+    let durable = session.results(10, Duration::from_secs(20)).await;
+    assert_eq!(durable.len(), 10);
+    assert!(
+        durable.iter().all(|r| r.outcome() == AckOutcome::Durable),
+        "{durable:?}"
+    );
+    // Pulling resumes: the 300 events published meanwhile arrive, once each.
+    let mut later = BTreeSet::new();
+    while later.len() < 300 {
+        let got = session.deliveries(100, WAIT).await;
+        assert!(!got.is_empty(), "only {} of 300 arrived", later.len());
+        session.ack_durably(&got).await;
+        for d in &got {
+            assert!(later.insert(number(d)), "{} delivered twice", number(d));
+        }
+    }
+    assert_eq!(instance.stored("outage", "__mqcursor__").await["0"], 319);
+    let mut puller = instance.puller_client().await;
+    let dlq = puller
+        .end_offsets(eventmesh_proto::puller::EndOffsetsRequest {
+            topic: "outage_DLQ".into(),
+        })
+        .await;
+    let dead = dlq
+        .map(|r| r.into_inner().partitions.iter().map(|p| p.end).sum::<i64>())
+        .unwrap_or(0);
+    assert_eq!(dead, 0, "no ACKed event was dead-lettered");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_group_bounds_memory_and_is_named_while_others_flow_until_the_bound() {
+    let settings = dispatcher_svc::config::DeliverySettings {
+        topic_buffer_records: 40,
+        pull_batch: 10,
+        ack_timeout_ms: 60_000,
+        ..fast_settings()
+    };
+    let instance = Instance::start(settings).await;
+    instance.create_topic("busy", 1).await;
+    let mut client = instance.client().await;
+    let addr = instance.dispatcher_addr();
+    let mut stalled_open = open("stalled", "busy", "stalled", LB);
+    stalled_open.max_in_flight = 5;
+    let mut stalled = subscribe(addr, stalled_open).await;
+    let mut healthy = subscribe(addr, open("healthy", "busy", "healthy", LB)).await;
+    publish(&mut client, "busy", 0..200).await;
+    // The healthy group flows while the budget allows.
+    let mut acked = 0;
+    loop {
+        let got = healthy.deliveries(10, Duration::from_secs(2)).await;
+        if got.is_empty() {
+            break;
+        }
+        acked += got.len();
+        healthy.ack_durably(&got).await;
+    }
+    assert!(acked >= 10, "the healthy group got {acked}");
+    assert!(
+        acked < 200,
+        "the stalled group's buffer must stop the topic at the bound"
+    );
+    let budget = instance
+        .shared
+        .budget(&eventmesh_common::keys::Topic::new("busy").unwrap());
+    assert_eq!(budget.governing_group().as_deref(), Some("stalled"));
+    let held = budget.held_by("stalled");
+    assert!(held.records <= 40, "{held:?}");
+    let held_ids: BTreeSet<String> = stalled
+        .deliveries(100, Duration::from_millis(500))
+        .await
+        .into_iter()
+        .map(|d| d.delivery_id)
+        .collect();
+    assert_eq!(held_ids.len(), 5, "in-flight limit");
+    // The stalled group ACKs: everything flows again, for both.
+    let mut stalled_total = 5;
+    stalled.deliveries.clear();
+    drop(stalled);
+    let mut stalled = subscribe(addr, open("stalled", "busy", "stalled", LB)).await;
+    loop {
+        let got = stalled.deliveries(50, Duration::from_secs(2)).await;
+        if got.is_empty() {
+            break;
+        }
+        stalled_total += got.len();
+        stalled.ack_durably(&got).await;
+        let more = healthy.deliveries(50, Duration::from_millis(200)).await;
+        acked += more.len();
+        healthy.ack_durably(&more).await;
+    }
+    loop {
+        let more = healthy.deliveries(50, Duration::from_secs(1)).await;
+        if more.is_empty() {
+            break;
+        }
+        acked += more.len();
+        healthy.ack_durably(&more).await;
+    }
+    assert_eq!(acked, 200);
+    assert!(stalled_total >= 200);
+    assert_eq!(budget.governing_group(), None);
+}
+
+async fn wait_for<F, Fut>(mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    for _ in 0..100 {
+        if check().await {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("condition not reached in 10 s");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn start_positions_apply_to_new_groups_and_existing_groups_resume() {
+    let instance = Instance::start(fast_settings()).await;
+    instance.create_topic("starts", 1).await;
+    let mut client = instance.client().await;
+    publish(&mut client, "starts", 0..3).await;
+    let addr = instance.dispatcher_addr();
+    let mut latest_open = open("late", "starts", "late", LB);
+    latest_open.start = eventmesh_proto::client::StartPosition::Latest as i32;
+    let mut late = subscribe(addr, latest_open).await;
+    let mut live_open = open("live", "starts", "live", LB);
+    live_open.start = eventmesh_proto::client::StartPosition::Unspecified as i32;
+    let mut live = subscribe(addr, live_open).await;
+    let mut early = subscribe(addr, open("early", "starts", "early", LB)).await;
+    assert_eq!(
+        early.deliveries(3, WAIT).await.len(),
+        3,
+        "EARLIEST sees the history"
+    );
+    assert!(
+        late.deliveries(1, Duration::from_millis(500))
+            .await
+            .is_empty(),
+        "LATEST does not"
+    );
+    assert!(
+        live.deliveries(1, Duration::from_millis(100))
+            .await
+            .is_empty(),
+        "the default does not"
+    );
+    assert_eq!(
+        instance.stored("starts", "__mqcursor@late__").await["0"],
+        2,
+        "the skip is recorded"
+    );
+    publish(&mut client, "starts", 3..4).await;
+    for session in [&mut late, &mut live, &mut early] {
+        let got = session.deliveries(1, WAIT).await;
+        assert_eq!(got.iter().map(number).collect::<Vec<_>>(), [3]);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_without_sessions_dead_letters_its_delivered_events_after_the_grace_period() {
+    let settings = dispatcher_svc::config::DeliverySettings {
+        group_grace_ms: 300,
+        ..fast_settings()
+    };
+    let instance = Instance::start(settings).await;
+    instance.create_topic("graceful", 1).await;
+    let mut client = instance.client().await;
+    publish(&mut client, "graceful", 0..2).await;
+    let mut session = subscribe(instance.dispatcher_addr(), open("app", "graceful", "g", LB)).await;
+    let delivered = session.deliveries(2, WAIT).await;
+    session.ack_durably(&delivered[..1]).await;
+    drop(session);
+    // After the grace period the un-ACKed delivery is in graceful_DLQ, tagged with the group,
+    // and the group's watermark covers it.
+    wait_for(|| async { instance.stored("graceful", "__mqcursor@g__").await.get("0") == Some(&1) })
+        .await;
+    let mut puller = instance.puller_client().await;
+    let letters = puller
+        .pull(PullRequest {
+            reader: Some(GroupTopic {
+                group: "inspect".into(),
+                topic: "graceful_DLQ".into(),
+            }),
+            max_wait_ms: 1_000,
+            ..PullRequest::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .records;
+    assert_eq!(letters.len(), 1);
+    let letter = DeadLetter::decode(&letters[0].frame).unwrap().unwrap();
+    assert_eq!(letter.group, "g");
+    assert_eq!(letter.offset, delivered[1].offset);
+    assert!(letter.reason.contains("grace period"), "{}", letter.reason);
+    wait_for(|| async { instance.shared.group_count() == 0 }).await;
+}

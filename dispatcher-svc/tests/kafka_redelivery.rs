@@ -1,0 +1,171 @@
+//! The reference's AckTimeoutRedeliveryIntegrationTest on a real Kafka-compatible broker
+//! (tansu on loopback, started by `scripts/kafka.sh`, or the one in `KAFKA_BOOTSTRAP`): with an
+//! ACK timeout of 3 s and 3 attempts, a subscriber that never ACKs gets the event at least
+//! twice, and then it is readable from `<topic>_DLQ`.
+
+#![allow(clippy::unwrap_used)]
+
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Arc;
+use std::time::Duration;
+
+use eventmesh_common::dead_letter::DeadLetter;
+use eventmesh_common::shutdown::CancellationToken;
+use eventmesh_proto::client::SubscriptionMode;
+use eventmesh_proto::puller::{GroupTopic, PullRequest};
+use puller_svc::alignment::WatermarkSource;
+use puller_svc::cursors::StartAt;
+use puller_svc::service::PullerGrpc;
+use puller_svc::storage::Storage;
+use puller_svc::storage::kafka::KafkaStorage;
+use support::*;
+
+fn script() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/kafka.sh")
+}
+
+/// tansu started for this test (stopped on drop), or the broker in KAFKA_BOOTSTRAP.
+struct Broker {
+    bootstrap: String,
+    dir: Option<tempfile::TempDir>,
+}
+
+impl Broker {
+    fn get() -> Broker {
+        if let Ok(bootstrap) = std::env::var("KAFKA_BOOTSTRAP") {
+            return Broker {
+                bootstrap,
+                dir: None,
+            };
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let status = Command::new("bash")
+            .arg(script())
+            .arg("start")
+            .arg(dir.path())
+            .arg(port.to_string())
+            .status()
+            .unwrap();
+        assert!(
+            status.success(),
+            "could not start tansu (scripts/kafka.sh install builds it)"
+        );
+        Broker {
+            bootstrap: format!("127.0.0.1:{port}"),
+            dir: Some(dir),
+        }
+    }
+}
+
+impl Drop for Broker {
+    fn drop(&mut self) {
+        if let Some(dir) = &self.dir {
+            let _ = Command::new("bash")
+                .arg(script())
+                .arg("stop")
+                .arg(dir.path())
+                .status();
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unacked_event_is_redelivered_then_dead_lettered_on_kafka() {
+    let broker = Broker::get();
+    let dir = tempfile::tempdir().unwrap();
+    let offset_svc =
+        start_offset_svc(&dir.path().join("offsets"), "127.0.0.1:0".parse().unwrap()).await;
+    let storage: Arc<dyn Storage> = Arc::new(
+        KafkaStorage::new(
+            &broker.bootstrap,
+            dir.path().join("puller"),
+            StartAt::Earliest,
+        )
+        .unwrap(),
+    );
+    let grpc = PullerGrpc::new(
+        Arc::clone(&storage),
+        WatermarkSource::new(lazy(offset_svc.local_addr())),
+    )
+    .with_default_partitions(1);
+    let puller = puller_svc::server::start(
+        "127.0.0.1:0".parse().unwrap(),
+        storage,
+        grpc,
+        CancellationToken::new(),
+        Duration::from_secs(2),
+    )
+    .await
+    .unwrap();
+    let settings = dispatcher_svc::config::DeliverySettings {
+        ack_timeout_ms: 3_000,
+        max_attempts: 3,
+        backoff_base_ms: 100,
+        backoff_max_ms: 200,
+        ..dispatcher_svc::config::DeliverySettings::default()
+    };
+    let (dispatcher, _shared) =
+        start_dispatcher(puller.local_addr(), offset_svc.local_addr(), settings).await;
+    let topic = format!("redelivery-{}", std::process::id());
+    let mut client =
+        eventmesh_proto::client::event_mesh_service_client::EventMeshServiceClient::new(lazy(
+            dispatcher.local_addr(),
+        ));
+    let mut session = subscribe(
+        dispatcher.local_addr(),
+        open("never-acks", &topic, "", SubscriptionMode::LoadBalance),
+    )
+    .await;
+    publish(&mut client, &topic, 0..1).await;
+    let attempts = session.deliveries(3, Duration::from_secs(30)).await;
+    assert!(attempts.len() >= 2, "delivered {} times", attempts.len());
+    assert!(
+        attempts
+            .iter()
+            .all(|d| d.delivery_id == attempts[0].delivery_id)
+    );
+    assert_eq!(
+        attempts.iter().map(|d| d.attempt).collect::<Vec<_>>()[..2],
+        [1, 2]
+    );
+
+    let mut puller_client =
+        eventmesh_proto::puller::puller_service_client::PullerServiceClient::new(lazy(
+            puller.local_addr(),
+        ));
+    let dlq = format!("{topic}_DLQ");
+    let mut letters = Vec::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while letters.is_empty() && tokio::time::Instant::now() < deadline {
+        if let Ok(batch) = puller_client
+            .pull(PullRequest {
+                reader: Some(GroupTopic {
+                    group: "dlq-reader".into(),
+                    topic: dlq.clone(),
+                }),
+                max_wait_ms: 500,
+                ..PullRequest::default()
+            })
+            .await
+        {
+            letters.extend(batch.into_inner().records);
+        } else {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+    assert_eq!(letters.len(), 1, "one dead letter in {dlq}");
+    let letter = DeadLetter::decode(&letters[0].frame).unwrap().unwrap();
+    assert_eq!(letter.attempts, 3);
+    assert_eq!(letter.topic, topic);
+    assert!(letter.reason.contains("ACK timeout"), "{}", letter.reason);
+    dispatcher.shutdown();
+    dispatcher.wait().await.unwrap();
+}
