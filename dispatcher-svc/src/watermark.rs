@@ -195,7 +195,7 @@ mod tests {
         let mut order = offsets.to_vec();
         // All 120 permutations, by Heap's algorithm.
         let mut c = [0usize; 5];
-        let mut check = |order: &[i64]| {
+        let check = |order: &[i64]| {
             let mut tracker = GroupWatermark::new(9);
             for o in offsets {
                 tracker.admit(o);
