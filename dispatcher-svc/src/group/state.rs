@@ -129,9 +129,11 @@ impl Delivery {
 
     /// Its dead-letter envelope.
     pub fn dead_letter(&self, group: &GroupKey, reason: String) -> DeadLetter {
-        let attempts = match self.state {
-            _ if self.event.is_none() => 0,
-            _ => self.attempt,
+        // An undecodable event was never delivered.
+        let attempts = if self.event.is_none() {
+            0
+        } else {
+            self.attempt
         };
         DeadLetter {
             reason,

@@ -312,10 +312,10 @@ impl Session {
         }
     }
 
-    /// Waits for `n` deliveries (keeping results aside); fewer if `wait` passes.
-    pub async fn deliveries(&mut self, n: usize, wait: Duration) -> Vec<pb::Delivery> {
+    /// Receives until `enough` holds or `wait` passes, sorting deliveries and results aside.
+    async fn receive_until(&mut self, wait: Duration, enough: impl Fn(&Session) -> bool) {
         let deadline = tokio::time::Instant::now() + wait;
-        while self.deliveries.len() < n {
+        while !enough(self) {
             let left = deadline.saturating_duration_since(tokio::time::Instant::now());
             if left.is_zero() {
                 break;
@@ -327,25 +327,18 @@ impl Session {
                 None => break,
             }
         }
+    }
+
+    /// Waits for `n` deliveries (keeping results aside); fewer if `wait` passes.
+    pub async fn deliveries(&mut self, n: usize, wait: Duration) -> Vec<pb::Delivery> {
+        self.receive_until(wait, |s| s.deliveries.len() >= n).await;
         let take = n.min(self.deliveries.len());
         self.deliveries.drain(..take).collect()
     }
 
     /// Waits for `n` results (keeping deliveries aside).
     pub async fn results(&mut self, n: usize, wait: Duration) -> Vec<pb::AckResult> {
-        let deadline = tokio::time::Instant::now() + wait;
-        while self.results.len() < n {
-            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-            if left.is_zero() {
-                break;
-            }
-            match self.next(left).await {
-                Some(subscribe_response::Kind::Delivery(d)) => self.deliveries.push(d),
-                Some(subscribe_response::Kind::AckResult(r)) => self.results.push(r),
-                Some(other) => panic!("unexpected {other:?}"),
-                None => break,
-            }
-        }
+        self.receive_until(wait, |s| s.results.len() >= n).await;
         let take = n.min(self.results.len());
         self.results.drain(..take).collect()
     }
