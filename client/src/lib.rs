@@ -1,5 +1,61 @@
-//! eventmesh-client — not built yet (issue "The Rust SDK, emctl and the one-command demo").
+//! The EventMesh Rust SDK.
 //!
-//! It will hold the Rust SDK (recommend → connect → subscribe / ack / nack / extend / publish,
-//! reconnect and failover) and the `emctl` CLI, depending only on the proto crate: no RocksDB,
-//! rdkafka or etcd in a user's build.
+//! Publish events and consume them at least once with per-event ACKs:
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use eventmesh_client::{Client, ClientConfig, Event, SubscribeOptions};
+//!
+//! # async fn run() -> Result<(), eventmesh_client::ClientError> {
+//! let client = Client::connect(ClientConfig::new("billing-1").endpoint("http://127.0.0.1:50051")).await?;
+//!
+//! let stored = client
+//!     .publish_with_key("orders", "customer-42", Event {
+//!         source: "/shop".into(),
+//!         r#type: "order.created".into(),
+//!         data: b"{\"order\":1}".to_vec().into(),
+//!         ..Event::default()
+//!     })
+//!     .await?;
+//! println!("stored at {}:{} as {}", stored.partition, stored.offset, stored.event_id);
+//!
+//! let mut subscription = client.subscribe(SubscribeOptions::new("orders").group("billing")).await?;
+//! while let Some(delivery) = subscription.next().await {
+//!     let delivery = delivery?;
+//!     // ... do the work, idempotently by delivery.event.id ...
+//!     if delivery.event.data.is_empty() {
+//!         delivery.nack(Duration::from_secs(5)); // try again later
+//!     } else {
+//!         delivery.ack();
+//!     }
+//! }
+//! # Ok(()) }
+//! ```
+//!
+//! Contract: every [`Delivery`] must be ACKed; what is not (ACK timeout, NACK, broken session,
+//! instance death) comes back, with the same event id, until it is ACKed or dead-lettered to
+//! `<topic>_DLQ`. An ACK is answered DURABLE once the offset is stored, PENDING while the store
+//! is unavailable (no redelivery follows; DURABLE comes later). The SDK reconnects a broken
+//! session with backoff and fails over between the seed endpoints; HTTP/2 keepalive (1 s
+//! interval, 2 s timeout) detects a frozen instance, not only a closed socket. Publishes with an
+//! empty event id get one from the SDK before the first try, so a retry after a lost answer
+//! carries the same id.
+//!
+//! The crate also runs a local instance (three service processes) for development and tests
+//! ([`local`]) and holds the `emctl` command-line tool. It depends on the proto crate and the
+//! gRPC stack only: no RocksDB, rdkafka or etcd in a user's build.
+
+mod client;
+mod config;
+mod error;
+pub mod local;
+mod subscription;
+
+pub use client::{Client, Published, new_event_id};
+pub use config::{ClientConfig, DEFAULT_ENDPOINT};
+pub use error::ClientError;
+pub use eventmesh_proto::client::Event;
+pub use subscription::{
+    AckOutcome, AckResult, Delivery, SessionInfo, StartPosition, SubscribeOptions, Subscription,
+    SubscriptionMode, SubscriptionStats,
+};

@@ -1,5 +1,6 @@
 //! Code shared by the EventMesh services.
 //!
+//! * [`crash`] — named crash points armed by an environment variable, for crash tests.
 //! * [`frame`] — the EventMeshFrame codec (the body format in the MQ).
 //! * [`dead_letter`] — the envelope of `<topic>_DLQ` records (written by dispatcher-svc, read
 //!   by the SDK and `emctl`).
@@ -15,6 +16,7 @@
 //! Code lands here only when two services really share it.
 
 pub mod config;
+pub mod crash;
 pub mod dead_letter;
 pub mod frame;
 pub mod grpc;

@@ -21,6 +21,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use eventmesh_common::keys::{GroupName, PullKey};
 
+use crate::crash::{CrashPoint, crash_point};
 use crate::properties;
 
 /// The properties key holding the format version.
@@ -170,6 +171,7 @@ pub fn store(path: &Path, cursors: &Cursors) -> Result<(), CheckpointError> {
     file.write_all(render(cursors).as_bytes()).map_err(error)?;
     file.sync_all().map_err(error)?;
     drop(file);
+    crash_point(CrashPoint::BeforeCheckpointRename);
     fs::rename(&tmp, path).map_err(error)?;
     let dir = path
         .parent()

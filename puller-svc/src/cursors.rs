@@ -195,6 +195,7 @@ impl GroupCursors {
             return Ok(false);
         }
         checkpoint::store(&self.path, &self.cursors)?;
+        crate::crash::crash_point(crate::crash::CrashPoint::AfterCheckpoint);
         self.dirty = false;
         Ok(true)
     }

@@ -30,6 +30,7 @@
 pub mod alignment;
 pub mod checkpoint;
 pub mod config;
+pub mod crash;
 pub mod cursors;
 pub mod ingest;
 pub mod local_log;

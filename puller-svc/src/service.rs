@@ -24,6 +24,7 @@ use tonic::{Request, Response, Status, Streaming};
 use tracing::instrument;
 
 use crate::alignment::{WatermarkSource, align_reader};
+use crate::crash::{CrashPoint, crash_point};
 use crate::ingest::BodyKind;
 use crate::storage::{AckPulledOutcome, PollLimits, PolledBatch, ReaderKey, Storage};
 
@@ -201,6 +202,7 @@ impl PullerService for PullerGrpc {
             .storage
             .send(&topic, request.key, request.body, partition)
             .await?;
+        crash_point(CrashPoint::AfterPublish);
         Ok(Response::new(pb::PublishResponse {
             partition: appended.partition.to_string(),
             offset: appended.offset,
@@ -240,6 +242,9 @@ impl PullerService for PullerGrpc {
                 .storage
                 .poll(&reader, partition.as_ref(), limits)
                 .await?;
+            if !batch.records.is_empty() {
+                crash_point(CrashPoint::AfterPull);
+            }
             if !batch.records.is_empty() || tokio::time::Instant::now() >= deadline {
                 return Ok(Response::new(to_response(batch)));
             }

@@ -1,0 +1,496 @@
+//! `emctl bench`: end-to-end delivered-and-ACKed throughput of one local instance, against the
+//! raw pull throughput of its puller-svc measured in the same run.
+//!
+//! For every event size × subscriber-stream count:
+//! 1. **preload** N events on a fresh topic (publish throughput is reported too);
+//! 2. **raw pull**: one reader pulls the N records straight from puller-svc (`Pull`, 512 per
+//!    batch) — the baseline;
+//! 3. **full load**: S sessions of one group start at the earliest offset and ACK every
+//!    delivery at once; throughput = N / (time until the last ACK was answered DURABLE);
+//!    ACK → DURABLE latency per delivery; CPU seconds of each process over the phase;
+//! 4. **half load**: a fresh topic and group, published at half the full-load rate while the S
+//!    sessions consume live; ACK → DURABLE latency at that steady load.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use clap::{Args, ValueEnum};
+use eventmesh_client::local::{LocalConfig, LocalInstance, Service};
+use eventmesh_client::{
+    AckOutcome, Client, ClientConfig, Event, StartPosition, SubscribeOptions, Subscription,
+};
+use eventmesh_proto::puller as puller_pb;
+use eventmesh_proto::puller::puller_service_client::PullerServiceClient;
+use futures::StreamExt;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Backend {
+    /// The embedded local log.
+    Local,
+    /// A Kafka-compatible broker at --kafka-bootstrap.
+    Kafka,
+}
+
+#[derive(Debug, Args)]
+pub struct BenchArgs {
+    /// puller-svc's backend.
+    #[arg(long, value_enum, default_value_t = Backend::Local)]
+    backend: Backend,
+    /// Kafka bootstrap servers (with --backend kafka).
+    #[arg(long)]
+    kafka_bootstrap: Option<String>,
+    /// Event payload sizes in bytes.
+    #[arg(long, value_delimiter = ',', default_value = "256,1024")]
+    sizes: Vec<usize>,
+    /// Subscriber stream counts.
+    #[arg(long, value_delimiter = ',', default_value = "1,8,64")]
+    streams: Vec<usize>,
+    /// Events per full-load run (half load uses half).
+    #[arg(long, default_value_t = 100_000)]
+    events: u64,
+    /// Per-session in-flight limit.
+    #[arg(long, default_value_t = 1024)]
+    max_in_flight: u32,
+    /// Parent of the bench's fresh data directory (removed afterwards).
+    #[arg(long, default_value = "data")]
+    data_dir: PathBuf,
+    /// Directory holding the service binaries (default: next to emctl).
+    #[arg(long, env = "EM_BIN_DIR")]
+    bin_dir: Option<PathBuf>,
+    /// Skip the half-load latency runs.
+    #[arg(long)]
+    no_half_load: bool,
+    /// Record a `perf` profile of each service during the first full-load run into the data
+    /// directory (kept).
+    #[arg(long)]
+    perf: bool,
+    /// Print results as JSON lines.
+    #[arg(long)]
+    json: bool,
+}
+
+/// One configuration's results.
+#[derive(Debug, Default, serde::Serialize)]
+pub struct Row {
+    pub backend: String,
+    pub size: usize,
+    pub streams: usize,
+    pub events: u64,
+    pub publish_per_sec: f64,
+    pub raw_pull_per_sec: f64,
+    pub e2e_per_sec: f64,
+    pub ratio: f64,
+    pub full_ack_p50_ms: f64,
+    pub full_ack_p99_ms: f64,
+    pub half_rate_per_sec: f64,
+    pub half_ack_p50_ms: f64,
+    pub half_ack_p99_ms: f64,
+    /// CPU cores used during the full-load phase: dispatcher, puller, offset-svc, this client.
+    pub cpu_dispatcher: f64,
+    pub cpu_puller: f64,
+    pub cpu_offset: f64,
+    pub cpu_client: f64,
+}
+
+pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
+    let run_dir = args.data_dir.join(format!("bench-{}", std::process::id()));
+    let mut config = LocalConfig::new(&run_dir)
+        .args(Service::Puller, ["--start", "earliest"])
+        .args(
+            Service::Dispatcher,
+            [
+                "--max-in-flight-limit".to_owned(),
+                args.max_in_flight.max(256).to_string(),
+            ],
+        );
+    config.log_filter = "warn".into();
+    config.bin_dir = args.bin_dir.clone();
+    if args.backend == Backend::Kafka {
+        let bootstrap = args
+            .kafka_bootstrap
+            .clone()
+            .context("--backend kafka needs --kafka-bootstrap")?;
+        config = config.args(
+            Service::Puller,
+            [
+                "--backend".to_owned(),
+                "kafka".to_owned(),
+                "--kafka-bootstrap".to_owned(),
+                bootstrap,
+            ],
+        );
+    }
+    let mut instance = LocalInstance::start(config).await?;
+    let outcome = bench_all(&args, &mut instance).await;
+    instance.stop(Duration::from_secs(15)).await;
+    if !args.perf {
+        let _ = std::fs::remove_dir_all(&run_dir);
+    }
+    outcome
+}
+
+async fn bench_all(args: &BenchArgs, instance: &mut LocalInstance) -> anyhow::Result<()> {
+    let client = Client::connect(
+        ClientConfig::new("bench")
+            .endpoint(instance.endpoint())
+            .retry_deadline(Duration::from_secs(60)),
+    )
+    .await?;
+    let mut first = true;
+    if !args.json {
+        println!(
+            "{:<6} {:>5} {:>7} {:>9} {:>10} {:>10} {:>6} {:>15} {:>9} {:>15} {:>24}",
+            "backend",
+            "size",
+            "streams",
+            "publish/s",
+            "raw pull/s",
+            "e2e/s",
+            "ratio",
+            "full p50/p99 ms",
+            "half/s",
+            "half p50/p99 ms",
+            "cpu disp/pull/off/cli"
+        );
+    }
+    for &size in &args.sizes {
+        for &streams in &args.streams {
+            let row = bench_one(args, instance, &client, size, streams, first).await?;
+            first = false;
+            if args.json {
+                println!("{}", serde_json::to_string(&row)?);
+            } else {
+                println!(
+                    "{:<6} {:>5} {:>7} {:>9.0} {:>10.0} {:>10.0} {:>6.2} {:>7.2}/{:<7.2} {:>9.0} {:>7.2}/{:<7.2} {:>5.2}/{:.2}/{:.2}/{:.2}",
+                    row.backend,
+                    row.size,
+                    row.streams,
+                    row.publish_per_sec,
+                    row.raw_pull_per_sec,
+                    row.e2e_per_sec,
+                    row.ratio,
+                    row.full_ack_p50_ms,
+                    row.full_ack_p99_ms,
+                    row.half_rate_per_sec,
+                    row.half_ack_p50_ms,
+                    row.half_ack_p99_ms,
+                    row.cpu_dispatcher,
+                    row.cpu_puller,
+                    row.cpu_offset,
+                    row.cpu_client
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+async fn bench_one(
+    args: &BenchArgs,
+    instance: &mut LocalInstance,
+    client: &Client,
+    size: usize,
+    streams: usize,
+    profile: bool,
+) -> anyhow::Result<Row> {
+    let topic = format!("bench-{size}-{streams}");
+    let events = args.events;
+    // 1. Preload.
+    let started = Instant::now();
+    publish(client, &topic, size, events, None).await?;
+    let publish_per_sec = events as f64 / started.elapsed().as_secs_f64();
+
+    // 2. Raw pull from puller-svc.
+    let raw_pull_per_sec = raw_pull(instance, &topic, events).await?;
+
+    // 3. Full load.
+    let perf = if profile && args.perf {
+        Some(start_perf(instance)?)
+    } else {
+        None
+    };
+    let cpu_before = cpu_seconds(instance);
+    let started = Instant::now();
+    let latencies = consume(
+        client,
+        &topic,
+        &format!("full-{size}-{streams}"),
+        streams,
+        args.max_in_flight,
+        events,
+    )
+    .await?;
+    let elapsed = started.elapsed().as_secs_f64();
+    let cpu_after = cpu_seconds(instance);
+    if let Some(perf) = perf {
+        stop_perf(perf).await;
+    }
+    let e2e_per_sec = events as f64 / elapsed;
+    let cores = |i: usize| (cpu_after[i] - cpu_before[i]) / elapsed;
+    let (full_ack_p50_ms, full_ack_p99_ms) = percentiles(latencies);
+
+    // 4. Half load.
+    let (half_rate_per_sec, half_ack_p50_ms, half_ack_p99_ms) = if args.no_half_load {
+        (0.0, 0.0, 0.0)
+    } else {
+        let topic = format!("bench-half-{size}-{streams}");
+        let rate = e2e_per_sec / 2.0;
+        let half_events = (events / 2).max(1);
+        // Create the topic so the group can start before the first publish.
+        publish(client, &topic, size, 1, None).await?;
+        let consumer = {
+            let client = client.clone();
+            let topic = topic.clone();
+            let group = format!("half-{size}-{streams}");
+            let max_in_flight = args.max_in_flight;
+            tokio::spawn(async move {
+                consume(
+                    &client,
+                    &topic,
+                    &group,
+                    streams,
+                    max_in_flight,
+                    half_events + 1,
+                )
+                .await
+            })
+        };
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let started = Instant::now();
+        publish(client, &topic, size, half_events, Some(rate)).await?;
+        let achieved = half_events as f64 / started.elapsed().as_secs_f64();
+        let latencies = consumer.await.context("half-load consumer")??;
+        let (p50, p99) = percentiles(latencies);
+        (achieved, p50, p99)
+    };
+
+    Ok(Row {
+        backend: format!("{:?}", args.backend).to_lowercase(),
+        size,
+        streams,
+        events,
+        publish_per_sec,
+        raw_pull_per_sec,
+        e2e_per_sec,
+        ratio: e2e_per_sec / raw_pull_per_sec,
+        full_ack_p50_ms,
+        full_ack_p99_ms,
+        half_rate_per_sec,
+        half_ack_p50_ms,
+        half_ack_p99_ms,
+        cpu_dispatcher: cores(0),
+        cpu_puller: cores(1),
+        cpu_offset: cores(2),
+        cpu_client: cores(3),
+    })
+}
+
+/// Publishes `count` events, 64 at a time; paced to `rate` per second when given.
+async fn publish(
+    client: &Client,
+    topic: &str,
+    size: usize,
+    count: u64,
+    rate: Option<f64>,
+) -> anyhow::Result<()> {
+    let payload = bytes::Bytes::from(vec![b'b'; size]);
+    let started = Instant::now();
+    let mut publishes = futures::stream::iter(0..count)
+        .map(|n| {
+            let event = Event {
+                source: "/emctl/bench".into(),
+                r#type: "bench".into(),
+                data: payload.clone(),
+                ..Event::default()
+            };
+            async move {
+                if let Some(rate) = rate {
+                    let due = started + Duration::from_secs_f64(n as f64 / rate);
+                    tokio::time::sleep_until(due.into()).await;
+                }
+                client.publish(topic, event).await
+            }
+        })
+        .buffer_unordered(64);
+    while let Some(result) = publishes.next().await {
+        result.context("publishing")?;
+    }
+    Ok(())
+}
+
+async fn raw_pull(instance: &LocalInstance, topic: &str, events: u64) -> anyhow::Result<f64> {
+    let mut puller = PullerServiceClient::connect(instance.uri(Service::Puller))
+        .await?
+        .max_decoding_message_size(64 << 20);
+    let reader = puller_pb::GroupTopic {
+        group: format!("raw-{topic}"),
+        topic: topic.to_owned(),
+    };
+    let started = Instant::now();
+    let mut pulled = 0u64;
+    while pulled < events {
+        let batch = puller
+            .pull(puller_pb::PullRequest {
+                reader: Some(reader.clone()),
+                partition: String::new(),
+                max_records: 512,
+                max_bytes: 0,
+                max_wait_ms: 500,
+            })
+            .await?
+            .into_inner();
+        if batch.records.is_empty() && started.elapsed() > Duration::from_secs(60) {
+            bail!("raw pull stalled at {pulled} of {events}");
+        }
+        pulled += batch.records.len() as u64;
+    }
+    Ok(events as f64 / started.elapsed().as_secs_f64())
+}
+
+/// Consumes `events` deliveries over `streams` sessions of `group`, ACKing each at once;
+/// returns the ACK → DURABLE latencies in microseconds.
+async fn consume(
+    client: &Client,
+    topic: &str,
+    group: &str,
+    streams: usize,
+    max_in_flight: u32,
+    events: u64,
+) -> anyhow::Result<Vec<u32>> {
+    let durable = Arc::new(AtomicU64::new(0));
+    let mut tasks = Vec::new();
+    for _ in 0..streams {
+        let subscription = client
+            .subscribe(
+                SubscribeOptions::new(topic)
+                    .group(group)
+                    .start(StartPosition::Earliest)
+                    .max_in_flight(max_in_flight),
+            )
+            .await?;
+        tasks.push(tokio::spawn(stream_worker(
+            subscription,
+            Arc::clone(&durable),
+            events,
+        )));
+    }
+    let mut latencies = Vec::with_capacity(events as usize);
+    for task in tasks {
+        latencies.extend(task.await.context("stream worker")??);
+    }
+    Ok(latencies)
+}
+
+async fn stream_worker(
+    mut subscription: Subscription,
+    durable: Arc<AtomicU64>,
+    events: u64,
+) -> anyhow::Result<Vec<u32>> {
+    let mut results = subscription.ack_results();
+    let mut sent: HashMap<String, Instant> = HashMap::new();
+    let mut latencies = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(600);
+    while durable.load(Ordering::Relaxed) < events {
+        if Instant::now() > deadline {
+            bail!("stalled at {} of {events}", durable.load(Ordering::Relaxed));
+        }
+        tokio::select! {
+            Some(result) = results.recv() => {
+                if result.outcome == AckOutcome::Durable
+                    && let Some(at) = sent.remove(&result.delivery_id)
+                {
+                    latencies.push(u32::try_from(at.elapsed().as_micros()).unwrap_or(u32::MAX));
+                    durable.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            delivery = tokio::time::timeout(Duration::from_millis(50), subscription.next()) => {
+                if let Ok(Some(delivery)) = delivery {
+                    let delivery = delivery?;
+                    sent.insert(delivery.id.clone(), Instant::now());
+                    delivery.ack();
+                }
+            }
+        }
+    }
+    subscription.close().await;
+    Ok(latencies)
+}
+
+fn percentiles(mut micros: Vec<u32>) -> (f64, f64) {
+    if micros.is_empty() {
+        return (0.0, 0.0);
+    }
+    micros.sort_unstable();
+    let at = |q: f64| f64::from(micros[((micros.len() - 1) as f64 * q) as usize]) / 1000.0;
+    (at(0.50), at(0.99))
+}
+
+/// CPU seconds (user + system) of dispatcher, puller, offset-svc and this process.
+fn cpu_seconds(instance: &LocalInstance) -> [f64; 4] {
+    let of = |pid: Option<u32>| pid.map_or(0.0, proc_cpu_seconds);
+    [
+        of(instance.pid(Service::Dispatcher)),
+        of(instance.pid(Service::Puller)),
+        of(instance.pid(Service::Offset)),
+        proc_cpu_seconds(std::process::id()),
+    ]
+}
+
+fn proc_cpu_seconds(pid: u32) -> f64 {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return 0.0;
+    };
+    // Fields after the parenthesised command name; utime and stime are fields 14 and 15.
+    let Some(rest) = stat.rsplit_once(')').map(|(_, rest)| rest) else {
+        return 0.0;
+    };
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|f| f.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    // `rest` starts at field 3 (state); utime is field 14 → index 11.
+    (ticks(11) + ticks(12)) / CLOCK_TICKS
+}
+
+/// The kernel's USER_HZ on Linux.
+const CLOCK_TICKS: f64 = 100.0;
+
+fn start_perf(instance: &LocalInstance) -> anyhow::Result<Vec<tokio::process::Child>> {
+    let mut children = Vec::new();
+    for service in Service::ALL {
+        let Some(pid) = instance.pid(service) else {
+            continue;
+        };
+        let out = instance
+            .data_dir()
+            .join(format!("perf-{}.data", service.binary()));
+        children.push(
+            tokio::process::Command::new("perf")
+                .args(["record", "-F", "499", "-g", "-p", &pid.to_string(), "-o"])
+                .arg(out)
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .spawn()
+                .context("running perf (install linux-perf)")?,
+        );
+    }
+    Ok(children)
+}
+
+async fn stop_perf(children: Vec<tokio::process::Child>) {
+    for mut child in children {
+        if let Some(pid) = child.id() {
+            let _ = std::process::Command::new("kill")
+                .args(["-INT", &pid.to_string()])
+                .status();
+        }
+        let _ = child.wait().await;
+    }
+}

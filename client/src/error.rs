@@ -1,0 +1,60 @@
+//! The SDK's errors.
+
+use std::time::Duration;
+
+/// What can go wrong talking to EventMesh.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// A configuration value is unusable (an endpoint that is not a URI, an empty client id).
+    #[error("invalid configuration: {0}")]
+    Config(String),
+    /// No endpoint could be reached (every one was tried, with backoff, until the deadline).
+    #[error("no EventMesh instance reachable after {waited:?}: {last}")]
+    Unreachable {
+        /// How long the SDK kept trying.
+        waited: Duration,
+        /// The last failure.
+        last: String,
+    },
+    /// The server refused the request; the status carries the reason (for example
+    /// INVALID_ARGUMENT naming the field, or RESOURCE_EXHAUSTED for an oversized event).
+    #[error("{operation} refused: {} ({})", status.message(), status.code())]
+    Refused {
+        /// What was being done.
+        operation: &'static str,
+        /// The server's answer.
+        status: tonic::Status,
+    },
+    /// The session broke before the server answered this ACK; if it was not recorded the event
+    /// is delivered again.
+    #[error("the session broke before the ACK was answered")]
+    Interrupted,
+    /// The subscription was closed (by [`crate::Subscription::close`] or by dropping it).
+    #[error("subscription closed")]
+    Closed,
+}
+
+impl ClientError {
+    /// Whether retrying the same request later can succeed (the instance or the network failed,
+    /// not the request).
+    pub fn is_transient(&self) -> bool {
+        match self {
+            ClientError::Unreachable { .. } => true,
+            ClientError::Refused { status, .. } => is_transient_status(status),
+            ClientError::Interrupted => true,
+            ClientError::Config(_) | ClientError::Closed => false,
+        }
+    }
+}
+
+/// Statuses that say "try again, maybe elsewhere" rather than "this request is wrong".
+pub(crate) fn is_transient_status(status: &tonic::Status) -> bool {
+    matches!(
+        status.code(),
+        tonic::Code::Unavailable
+            | tonic::Code::Unknown
+            | tonic::Code::Cancelled
+            | tonic::Code::DeadlineExceeded
+            | tonic::Code::Aborted
+    )
+}

@@ -1,0 +1,76 @@
+//! `emctl demo` — the README's run command — runs with a small N and its counted summary is
+//! checked for every victim.
+
+#![allow(clippy::unwrap_used)]
+
+use std::path::Path;
+use std::process::Command;
+
+fn demo(kill: &str, events: u64) -> serde_json::Value {
+    let dir = tempfile::tempdir().unwrap();
+    let emctl = Path::new(env!("CARGO_BIN_EXE_emctl"));
+    let output = Command::new(emctl)
+        .args([
+            "demo",
+            "--json",
+            "--events",
+            &events.to_string(),
+            "--kill",
+            kill,
+        ])
+        .arg("--data-dir")
+        .arg(dir.path())
+        .arg("--bin-dir")
+        .arg(emctl.parent().unwrap())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "demo failed\n{stdout}\n{stderr}");
+    eprintln!("{stderr}");
+    let summary: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap())
+        .unwrap_or_else(|e| panic!("no JSON summary ({e}) in\n{stdout}"));
+    // The demo cleans up after itself.
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+    summary
+}
+
+fn number(summary: &serde_json::Value, field: &str) -> i64 {
+    summary[field]
+        .as_i64()
+        .unwrap_or_else(|| panic!("{field} missing in {summary}"))
+}
+
+#[test]
+fn the_demo_counts_everything_through_a_dispatcher_crash() {
+    let summary = demo("dispatcher", 2000);
+    eprintln!("{summary}");
+    assert_eq!(number(&summary, "published"), 2000);
+    assert_eq!(number(&summary, "lost"), 0);
+    assert_eq!(number(&summary, "lag"), 0);
+    assert_eq!(number(&summary, "dead_lettered"), 0);
+    assert_eq!(summary["killed"], "dispatcher-svc");
+    // Every delivery is one of the published events, counted once or as a redelivery.
+    assert_eq!(
+        number(&summary, "delivered"),
+        2000 + number(&summary, "redelivered")
+    );
+    assert!(number(&summary, "acked") >= 2000, "{summary}");
+    assert!(number(&summary, "reconnects") >= 1, "{summary}");
+}
+
+#[test]
+fn the_demo_counts_everything_through_offset_and_puller_crashes() {
+    for (victim, process) in [("offset", "offset-svc"), ("puller", "puller-svc")] {
+        let summary = demo(victim, 1000);
+        eprintln!("{summary}");
+        assert_eq!(summary["killed"], process);
+        assert_eq!(number(&summary, "published"), 1000);
+        assert_eq!(number(&summary, "lost"), 0);
+        assert_eq!(number(&summary, "lag"), 0);
+        assert_eq!(
+            number(&summary, "delivered"),
+            1000 + number(&summary, "redelivered")
+        );
+    }
+}

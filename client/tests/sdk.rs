@@ -1,0 +1,264 @@
+//! The SDK against a real local instance: failover to a restarted instance, keepalive noticing
+//! a frozen (SIGSTOP) dispatcher, ACK outcomes, NACK, and clear errors for bad input and
+//! unreachable endpoints.
+
+#![allow(clippy::unwrap_used)]
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use eventmesh_client::local::{LocalConfig, LocalInstance, Service};
+use eventmesh_client::{
+    AckOutcome, Client, ClientConfig, ClientError, Event, StartPosition, SubscribeOptions,
+    Subscription,
+};
+use support::*;
+
+async fn instance(dir: &std::path::Path) -> LocalInstance {
+    LocalInstance::start(LocalConfig::new(dir).args(
+        Service::Dispatcher,
+        ["--backoff-base-ms", "100", "--backoff-max-ms", "400"],
+    ))
+    .await
+    .unwrap()
+}
+
+fn event(n: u64) -> Event {
+    Event {
+        id: event_id(n),
+        source: "/sdk-test".into(),
+        r#type: "sdk.test".into(),
+        data: format!("{n}").into_bytes().into(),
+        ..Event::default()
+    }
+}
+
+async fn publish_range(client: &Client, topic: &str, range: std::ops::Range<u64>) {
+    for n in range {
+        client.publish(topic, event(n)).await.unwrap();
+    }
+}
+
+/// Receives and ACKs until `wanted` distinct event ids were seen; returns how many deliveries
+/// that took.
+async fn consume_distinct(
+    subscription: &mut Subscription,
+    seen: &mut std::collections::HashSet<String>,
+    wanted: usize,
+    wait: Duration,
+) -> usize {
+    let deadline = Instant::now() + wait;
+    let mut deliveries = 0;
+    while seen.len() < wanted {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let delivery = tokio::time::timeout(left, subscription.next())
+            .await
+            .unwrap_or_else(|_| panic!("only {} of {wanted} events within {wait:?}", seen.len()))
+            .unwrap()
+            .unwrap();
+        deliveries += 1;
+        seen.insert(delivery.event.id.clone());
+        delivery.ack();
+    }
+    deliveries
+}
+
+#[tokio::test]
+async fn fails_over_past_a_dead_seed_and_to_a_restarted_dispatcher() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut instance = instance(dir.path()).await;
+    // The first seed has nothing listening: the SDK moves on to the next.
+    let client = Client::connect(
+        ClientConfig::new("failover-app")
+            .endpoint("http://127.0.0.1:1")
+            .endpoint(instance.endpoint())
+            .backoff(Duration::from_millis(50), Duration::from_millis(500))
+            .retry_deadline(Duration::from_secs(30)),
+    )
+    .await
+    .unwrap();
+    let mut subscription = client
+        .subscribe(
+            SubscribeOptions::new("failover")
+                .group("g")
+                .start(StartPosition::Earliest),
+        )
+        .await
+        .unwrap();
+    let first_instance = subscription.session().unwrap().instance_id;
+    publish_range(&client, "failover", 0..300).await;
+    let mut seen = std::collections::HashSet::new();
+    consume_distinct(&mut subscription, &mut seen, 100, Duration::from_secs(30)).await;
+
+    instance.kill(Service::Dispatcher).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    instance
+        .start_service(Service::Dispatcher, None)
+        .await
+        .unwrap();
+    // Publishing goes on through the restarted instance, and the subscription resumes there.
+    publish_range(&client, "failover", 300..400).await;
+    consume_distinct(&mut subscription, &mut seen, 400, Duration::from_secs(60)).await;
+    let stats = subscription.stats();
+    assert!(stats.reconnects >= 1, "{stats:?}");
+    let second_instance = subscription.session().unwrap().instance_id;
+    assert_ne!(first_instance, second_instance);
+    subscription.close().await;
+    instance.stop(Duration::from_secs(10)).await;
+}
+
+#[tokio::test]
+async fn a_frozen_dispatcher_is_noticed_by_keepalive_and_left() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut instance = instance(dir.path()).await;
+    let client = connect(&instance, "frozen-app").await;
+    let mut subscription = client
+        .subscribe(
+            SubscribeOptions::new("frozen")
+                .group("g")
+                .start(StartPosition::Earliest),
+        )
+        .await
+        .unwrap();
+    publish_range(&client, "frozen", 0..100).await;
+    let mut seen = std::collections::HashSet::new();
+    consume_distinct(&mut subscription, &mut seen, 50, Duration::from_secs(30)).await;
+
+    // SIGSTOP: the socket stays open, nothing answers. Only keepalive can tell.
+    instance.signal(Service::Dispatcher, "STOP").unwrap();
+    let frozen_at = Instant::now();
+    while subscription.stats().reconnects == 0 {
+        assert!(
+            frozen_at.elapsed() < Duration::from_secs(20),
+            "a frozen dispatcher went unnoticed for 20 s"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let noticed_after = frozen_at.elapsed();
+    eprintln!("frozen dispatcher noticed after {noticed_after:?}");
+
+    // Replace the frozen instance; the subscription resumes and the rest arrives.
+    instance.kill(Service::Dispatcher).await.unwrap();
+    instance
+        .start_service(Service::Dispatcher, None)
+        .await
+        .unwrap();
+    consume_distinct(&mut subscription, &mut seen, 100, Duration::from_secs(60)).await;
+    subscription.close().await;
+    instance.stop(Duration::from_secs(10)).await;
+}
+
+#[tokio::test]
+async fn ack_outcomes_nack_and_refusals() {
+    let dir = tempfile::tempdir().unwrap();
+    let instance = instance(dir.path()).await;
+    let client = connect(&instance, "outcomes-app").await;
+
+    // Refusals come back at once, named, and are not retried.
+    let started = Instant::now();
+    let refused = client.publish("bad#topic", event(0)).await.unwrap_err();
+    assert!(
+        matches!(&refused, ClientError::Refused { status, .. } if status.code() == tonic::Code::InvalidArgument),
+        "{refused}"
+    );
+    assert!(!refused.is_transient());
+    let oversized = Event {
+        data: vec![0u8; 8 * 1024 * 1024 + 1024].into(),
+        ..event(1)
+    };
+    let refused = client.publish("outcomes", oversized).await.unwrap_err();
+    assert!(
+        matches!(&refused, ClientError::Refused { status, .. } if status.code() == tonic::Code::ResourceExhausted),
+        "{refused}"
+    );
+    let refused = client
+        .subscribe(SubscribeOptions::new("outcomes").group("bad group"))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&refused, ClientError::Refused { status, .. } if status.code() == tonic::Code::InvalidArgument && status.message().contains("group")),
+        "{refused}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(20),
+        "a refusal was retried"
+    );
+
+    // A publish without an id gets one from the SDK.
+    let stored = client
+        .publish(
+            "outcomes",
+            Event {
+                id: String::new(),
+                ..event(2)
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(stored.event_id.len(), 36);
+
+    let mut subscription = client
+        .subscribe(
+            SubscribeOptions::new("outcomes")
+                .group("g")
+                .start(StartPosition::Earliest),
+        )
+        .await
+        .unwrap();
+    let mut results = subscription.ack_results();
+    let first = subscription.next().await.unwrap().unwrap();
+    assert_eq!(first.attempt, 1);
+    // NACK: the same event comes back as attempt 2 with the same delivery id.
+    first.nack(Duration::from_millis(50));
+    let again = tokio::time::timeout(Duration::from_secs(10), subscription.next())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert_eq!((again.attempt, &again.id), (2, &first.id));
+    assert_eq!(again.event.id, first.event.id);
+    assert_eq!(again.ack_and_wait().await.unwrap(), AckOutcome::Durable);
+    assert_eq!(
+        again.ack_and_wait().await.unwrap(),
+        AckOutcome::AlreadySettled
+    );
+    let mut outcomes = Vec::new();
+    while outcomes.len() < 3 {
+        outcomes.push(results.recv().await.unwrap().outcome);
+    }
+    assert_eq!(
+        outcomes,
+        [
+            AckOutcome::Nacked,
+            AckOutcome::Durable,
+            AckOutcome::AlreadySettled
+        ]
+    );
+    let stats = subscription.stats();
+    assert_eq!(
+        (stats.durable, stats.no_op, stats.redelivered),
+        (1, 1, 1),
+        "{stats:?}"
+    );
+    subscription.close().await;
+    instance.stop(Duration::from_secs(10)).await;
+}
+
+#[tokio::test]
+async fn no_reachable_endpoint_is_a_clear_error_after_the_deadline() {
+    let started = Instant::now();
+    let error = Client::connect(
+        ClientConfig::new("lonely")
+            .endpoint("http://127.0.0.1:1")
+            .backoff(Duration::from_millis(50), Duration::from_millis(200))
+            .retry_deadline(Duration::from_secs(1)),
+    )
+    .await
+    .unwrap_err();
+    assert!(matches!(error, ClientError::Unreachable { .. }), "{error}");
+    assert!(error.to_string().contains("127.0.0.1:1"), "{error}");
+    assert!(started.elapsed() < Duration::from_secs(10));
+    let error = Client::connect(ClientConfig::new("")).await.unwrap_err();
+    assert!(matches!(error, ClientError::Config(_)), "{error}");
+}

@@ -1,0 +1,291 @@
+//! End-to-end harness: a local instance (three real service processes), the SDK, a publisher
+//! of known event ids, a consumer that ACKs in random order, and a checker that counts every
+//! event id.
+
+#![allow(dead_code)]
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use eventmesh_client::local::{LocalInstance, Service};
+use eventmesh_client::{
+    AckOutcome, Client, ClientConfig, Event, StartPosition, SubscribeOptions, Subscription,
+};
+use futures::StreamExt;
+use rand::rngs::StdRng;
+use rand::seq::SliceRandom;
+use rand::{Rng, SeedableRng};
+use tokio::task::JoinHandle;
+
+pub const TOPIC: &str = "e2e-orders";
+pub const GROUP: &str = "e2e";
+/// Publishes awaiting an answer at once: the most duplicates one publisher-side crash can add.
+pub const PUBLISHES_IN_FLIGHT: usize = 32;
+pub const MAX_IN_FLIGHT: u32 = 256;
+
+/// One end-to-end test at a time: each runs three processes on a small machine.
+pub fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: Mutex<()> = Mutex::new(());
+    LOCK.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+pub async fn connect(instance: &LocalInstance, client_id: &str) -> Client {
+    Client::connect(
+        ClientConfig::new(client_id)
+            .endpoint(instance.endpoint())
+            .backoff(Duration::from_millis(50), Duration::from_millis(500))
+            .retry_deadline(Duration::from_secs(60)),
+    )
+    .await
+    .expect("client connects")
+}
+
+pub async fn subscribe(client: &Client) -> Subscription {
+    client
+        .subscribe(
+            SubscribeOptions::new(TOPIC)
+                .group(GROUP)
+                .start(StartPosition::Earliest)
+                .max_in_flight(MAX_IN_FLIGHT),
+        )
+        .await
+        .expect("subscription opens")
+}
+
+pub fn event_id(n: u64) -> String {
+    format!("e2e-{n:08}")
+}
+
+/// Publishes events 0..count (ids [`event_id`]), [`PUBLISHES_IN_FLIGHT`] at a time; every
+/// confirmed id goes into the ledger.
+pub fn spawn_publisher(client: Client, count: u64, ledger: Arc<Ledger>) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        let payload = bytes::Bytes::from(vec![b'e'; 256]);
+        let mut publishes = futures::stream::iter(0..count)
+            .map(|n| {
+                let client = client.clone();
+                let event = Event {
+                    id: event_id(n),
+                    source: "/e2e".into(),
+                    r#type: "e2e.order".into(),
+                    data: payload.clone(),
+                    ..Event::default()
+                };
+                async move { (n, client.publish(TOPIC, event).await) }
+            })
+            .buffer_unordered(PUBLISHES_IN_FLIGHT);
+        while let Some((n, result)) = publishes.next().await {
+            match result {
+                Ok(_) => ledger.published(event_id(n)),
+                Err(error) => panic!("publish of event {n} failed for good: {error}"),
+            }
+        }
+    })
+}
+
+/// What the checker counts.
+#[derive(Debug, Default)]
+pub struct Ledger {
+    inner: Mutex<LedgerInner>,
+}
+
+#[derive(Debug, Default)]
+struct LedgerInner {
+    published: HashSet<String>,
+    /// Deliveries per event id.
+    delivered: HashMap<String, u32>,
+    /// Event ids with a DURABLE answer.
+    durable: HashSet<String>,
+    /// Delivery id → event id, to map ACK answers.
+    delivery_events: HashMap<String, String>,
+}
+
+/// The checker's verdict.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Count {
+    pub published: usize,
+    pub distinct_delivered: usize,
+    pub deliveries: usize,
+    pub duplicates: usize,
+    pub lost: usize,
+}
+
+impl Ledger {
+    pub fn published(&self, id: String) {
+        self.lock().published.insert(id);
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, LedgerInner> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Event ids delivered and not yet answered DURABLE: what a crash now may bring back.
+    pub fn unsettled(&self) -> usize {
+        let inner = self.lock();
+        inner
+            .delivered
+            .keys()
+            .filter(|id| !inner.durable.contains(*id))
+            .count()
+    }
+
+    pub fn count(&self) -> Count {
+        let inner = self.lock();
+        let deliveries: usize = inner.delivered.values().map(|&n| n as usize).sum();
+        Count {
+            published: inner.published.len(),
+            distinct_delivered: inner.delivered.len(),
+            deliveries,
+            duplicates: deliveries - inner.delivered.len(),
+            lost: inner
+                .published
+                .iter()
+                .filter(|id| !inner.delivered.contains_key(*id))
+                .count(),
+        }
+    }
+}
+
+/// Consumes the subscription, ACKing in random order: deliveries are held in a window of a
+/// random size (1..=64, at most 20 ms) and the window is ACKed shuffled. Runs until stopped.
+pub fn spawn_consumer(
+    mut subscription: Subscription,
+    ledger: Arc<Ledger>,
+    seed: u64,
+) -> (JoinHandle<Subscription>, tokio::sync::watch::Sender<bool>) {
+    let (stop, mut stopped) = tokio::sync::watch::channel(false);
+    let handle = tokio::spawn(async move {
+        let mut rng = StdRng::seed_from_u64(seed);
+        let mut results = subscription.ack_results();
+        let mut window = Vec::new();
+        let mut window_size = rng.random_range(1..=64);
+        loop {
+            tokio::select! {
+                _ = stopped.changed() => break,
+                Some(result) = results.recv() => {
+                    if result.outcome == AckOutcome::Durable {
+                        let mut inner = ledger.lock();
+                        if let Some(event) = inner.delivery_events.get(&result.delivery_id).cloned() {
+                            inner.durable.insert(event);
+                        }
+                    }
+                }
+                delivery = tokio::time::timeout(Duration::from_millis(20), subscription.next()) => {
+                    match delivery {
+                        Ok(Some(Ok(delivery))) => {
+                            {
+                                let mut inner = ledger.lock();
+                                *inner.delivered.entry(delivery.event.id.clone()).or_default() += 1;
+                                inner.delivery_events.insert(delivery.id.clone(), delivery.event.id.clone());
+                            }
+                            window.push(delivery);
+                        }
+                        Ok(Some(Err(error))) => panic!("subscription failed: {error}"),
+                        Ok(None) => break,
+                        Err(_) => {
+                            // Quiet: ACK what is held.
+                            window_size = window.len().max(1);
+                        }
+                    }
+                    if window.len() >= window_size {
+                        window.shuffle(&mut rng);
+                        for delivery in window.drain(..) {
+                            delivery.ack();
+                        }
+                        window_size = rng.random_range(1..=64);
+                    }
+                }
+            }
+        }
+        subscription
+    });
+    (handle, stop)
+}
+
+/// The default group's lag (records not covered by its stored watermark), from offset-svc
+/// and puller-svc.
+pub async fn lag(instance: &LocalInstance) -> Option<i64> {
+    use eventmesh_proto::offset::offset_service_client::OffsetServiceClient;
+    use eventmesh_proto::puller::puller_service_client::PullerServiceClient;
+    let mut puller = PullerServiceClient::connect(instance.uri(Service::Puller))
+        .await
+        .ok()?;
+    let mut offsets = OffsetServiceClient::connect(instance.uri(Service::Offset))
+        .await
+        .ok()?;
+    let ends = puller
+        .end_offsets(eventmesh_proto::puller::EndOffsetsRequest {
+            topic: TOPIC.into(),
+        })
+        .await
+        .ok()?
+        .into_inner();
+    let stored = offsets
+        .read_topic_offsets(eventmesh_proto::offset::ReadTopicOffsetsRequest {
+            topic: TOPIC.into(),
+            client_id: format!("__mqcursor@{GROUP}__"),
+        })
+        .await
+        .ok()?
+        .into_inner();
+    let watermarks: HashMap<String, i64> = stored
+        .entries
+        .into_iter()
+        .filter_map(|e| Some((e.key?.partition, e.offset)))
+        .collect();
+    Some(
+        ends.partitions
+            .iter()
+            .map(|p| {
+                let done = watermarks
+                    .get(&p.partition)
+                    .copied()
+                    .unwrap_or(-1)
+                    .max(p.start - 1);
+                (p.end - 1 - done).max(0)
+            })
+            .sum(),
+    )
+}
+
+/// Waits until every published event was delivered and the group's lag is 0.
+pub async fn wait_until_complete(
+    instance: &LocalInstance,
+    ledger: &Ledger,
+    expected: usize,
+    wait: Duration,
+) -> Count {
+    let deadline = Instant::now() + wait;
+    loop {
+        let count = ledger.count();
+        if count.published == expected && count.lost == 0 && lag(instance).await == Some(0) {
+            return count;
+        }
+        if Instant::now() > deadline {
+            panic!(
+                "not complete after {wait:?}: {count:?}, lag {:?}",
+                lag(instance).await
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Polls until `service` has exited (an armed crash point fired); panics after `wait`.
+pub async fn wait_for_crash(instance: &mut LocalInstance, service: Service, wait: Duration) {
+    assert!(
+        instance.wait_for_exit(service, wait).await,
+        "{service} did not reach its crash point within {wait:?}"
+    );
+}
+
+/// Random source for a test, printed so a failure can be replayed with `EM_TEST_SEED`.
+pub fn seed(default: u64) -> u64 {
+    let seed = std::env::var("EM_TEST_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(default);
+    eprintln!("seed {seed} (replay with EM_TEST_SEED={seed})");
+    seed
+}
