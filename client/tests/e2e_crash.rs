@@ -10,7 +10,6 @@
 
 mod support;
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use eventmesh_client::local::{LocalConfig, Service};
@@ -21,48 +20,22 @@ use support::*;
 
 const EVENTS: u64 = 20_000;
 const CRASH_WAIT: Duration = Duration::from_secs(120);
-const COMPLETE_WAIT: Duration = Duration::from_secs(240);
 
 /// Runs the 20,000-event stream with `point` armed on `service`; restarts it when it dies.
 fn crash_scenario(service: Service, point: &str) {
     let _serial = serial();
     let runtime = tokio::runtime::Runtime::new().unwrap();
     runtime.block_on(async {
-        let dir = tempfile::tempdir().unwrap();
-        let config = test_config(dir.path()).crash_at(service, point);
-        let mut instance = eventmesh_client::local::LocalInstance::start(config)
-            .await
-            .unwrap();
-        let ledger = Arc::new(Ledger::default());
-        let client = connect(&instance, "e2e-app").await;
-        let subscription = subscribe(&client).await;
-        let (consumer, stop) = spawn_consumer(subscription, Arc::clone(&ledger), 7);
-        let publisher = spawn_publisher(client.clone(), EVENTS, Arc::clone(&ledger));
-
-        wait_for_crash(&mut instance, service, CRASH_WAIT).await;
-        let unsettled = ledger.unsettled();
-        let bound = unsettled + PUBLISHES_IN_FLIGHT;
-        let at_crash = ledger.count();
-        instance.start_service(service, None).await.unwrap();
-
-        publisher.await.unwrap();
-        let count =
-            wait_until_complete(&instance, &ledger, EVENTS as usize, COMPLETE_WAIT).await;
-        stop.send(true).unwrap();
-        let subscription = consumer.await.unwrap();
-        let stats = subscription.stats();
-        eprintln!(
-            "{service} {point}: crashed with {} published, {} delivered; final {count:?}; duplicates {} (bound {bound}: {unsettled} unsettled + {PUBLISHES_IN_FLIGHT} publishes in flight); SDK {stats:?}",
-            at_crash.published, at_crash.distinct_delivered, count.duplicates
+        let mut run = Run::start(|dir| test_config(dir).crash_at(service, point), EVENTS, 7).await;
+        wait_for_crash(&mut run.instance, service, CRASH_WAIT).await;
+        let bound = run.duplicate_bound_now();
+        let at_crash = run.ledger.count();
+        run.instance.start_service(service, None).await.unwrap();
+        let label = format!(
+            "{service} {point} (crashed with {} published, {} delivered)",
+            at_crash.published, at_crash.distinct_delivered
         );
-        assert_eq!(count.published, EVENTS as usize);
-        assert_eq!(count.lost, 0, "{count:?}");
-        assert!(
-            count.duplicates <= bound,
-            "duplicates {} above the bound {bound}",
-            count.duplicates
-        );
-        instance.stop(Duration::from_secs(10)).await;
+        run.finish(bound, &label).await;
     });
 }
 
@@ -115,52 +88,24 @@ fn seeded_random_soak_kills_any_process() {
     let runtime = tokio::runtime::Runtime::new().unwrap();
     runtime.block_on(async {
         let mut rng = StdRng::seed_from_u64(seed);
-        let dir = tempfile::tempdir().unwrap();
-        let mut instance = eventmesh_client::local::LocalInstance::start(test_config(dir.path()))
-            .await
-            .unwrap();
-        let ledger = Arc::new(Ledger::default());
-        let client = connect(&instance, "e2e-soak").await;
-        let subscription = subscribe(&client).await;
-        let (consumer, stop) = spawn_consumer(subscription, Arc::clone(&ledger), seed);
-        let publisher = spawn_publisher(client.clone(), EVENTS, Arc::clone(&ledger));
-
+        let mut run = Run::start(test_config, EVENTS, seed).await;
         // Every process dies at least once; the order and the other two victims are random.
         let mut victims = Service::ALL.to_vec();
         victims.extend((0..2).map(|_| Service::ALL[rng.random_range(0..3)]));
         victims.shuffle(&mut rng);
         let mut bound = 0;
-        let mut kills = Vec::new();
         for victim in victims {
             tokio::time::sleep(Duration::from_millis(rng.random_range(500..3000))).await;
             let down = Duration::from_millis(rng.random_range(0..1500));
-            instance.kill(victim).await.unwrap();
-            let unsettled = ledger.unsettled();
-            bound += unsettled + PUBLISHES_IN_FLIGHT;
-            kills.push((victim, down, unsettled, ledger.count().distinct_delivered));
-            tokio::time::sleep(down).await;
-            instance.start_service(victim, None).await.unwrap();
-        }
-        publisher.await.unwrap();
-        let count = wait_until_complete(&instance, &ledger, EVENTS as usize, COMPLETE_WAIT).await;
-        stop.send(true).unwrap();
-        let subscription = consumer.await.unwrap();
-        for (victim, down, unsettled, delivered) in &kills {
+            run.instance.kill(victim).await.unwrap();
+            bound += run.duplicate_bound_now();
             eprintln!(
-                "killed {victim} after {delivered} delivered, {unsettled} unsettled, down {down:?}"
+                "killed {victim} with {} delivered, bound now {bound}; down {down:?}",
+                run.ledger.count().distinct_delivered
             );
+            tokio::time::sleep(down).await;
+            run.instance.start_service(victim, None).await.unwrap();
         }
-        eprintln!(
-            "soak seed {seed}: {count:?}; duplicates {} (bound {bound}); SDK {:?}",
-            count.duplicates,
-            subscription.stats()
-        );
-        assert_eq!(count.lost, 0, "{count:?}");
-        assert!(
-            count.duplicates <= bound,
-            "duplicates {} above the bound {bound}",
-            count.duplicates
-        );
-        instance.stop(Duration::from_secs(10)).await;
+        run.finish(bound, &format!("soak seed {seed}")).await;
     });
 }

@@ -34,6 +34,17 @@ fn event(n: u64) -> Event {
     }
 }
 
+async fn subscribe_earliest(client: &Client, topic: &str) -> Subscription {
+    client
+        .subscribe(
+            SubscribeOptions::new(topic)
+                .group("g")
+                .start(StartPosition::Earliest),
+        )
+        .await
+        .unwrap()
+}
+
 async fn publish_range(client: &Client, topic: &str, range: std::ops::Range<u64>) {
     for n in range {
         client.publish(topic, event(n)).await.unwrap();
@@ -78,14 +89,7 @@ async fn fails_over_past_a_dead_seed_and_to_a_restarted_dispatcher() {
     )
     .await
     .unwrap();
-    let mut subscription = client
-        .subscribe(
-            SubscribeOptions::new("failover")
-                .group("g")
-                .start(StartPosition::Earliest),
-        )
-        .await
-        .unwrap();
+    let mut subscription = subscribe_earliest(&client, "failover").await;
     let first_instance = subscription.session().unwrap().instance_id;
     publish_range(&client, "failover", 0..300).await;
     let mut seen = std::collections::HashSet::new();
@@ -113,14 +117,7 @@ async fn a_frozen_dispatcher_is_noticed_by_keepalive_and_left() {
     let dir = tempfile::tempdir().unwrap();
     let mut instance = instance(dir.path()).await;
     let client = connect(&instance, "frozen-app").await;
-    let mut subscription = client
-        .subscribe(
-            SubscribeOptions::new("frozen")
-                .group("g")
-                .start(StartPosition::Earliest),
-        )
-        .await
-        .unwrap();
+    let mut subscription = subscribe_earliest(&client, "frozen").await;
     publish_range(&client, "frozen", 0..100).await;
     let mut seen = std::collections::HashSet::new();
     consume_distinct(&mut subscription, &mut seen, 50, Duration::from_secs(30)).await;
@@ -198,14 +195,7 @@ async fn ack_outcomes_nack_and_refusals() {
         .unwrap();
     assert_eq!(stored.event_id.len(), 36);
 
-    let mut subscription = client
-        .subscribe(
-            SubscribeOptions::new("outcomes")
-                .group("g")
-                .start(StartPosition::Earliest),
-        )
-        .await
-        .unwrap();
+    let mut subscription = subscribe_earliest(&client, "outcomes").await;
     let mut results = subscription.ack_results();
     let first = subscription.next().await.unwrap().unwrap();
     assert_eq!(first.attempt, 1);

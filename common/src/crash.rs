@@ -22,6 +22,52 @@ pub trait CrashPoint: Copy + Eq + Send + Sync + std::fmt::Debug + 'static {
     fn name(self) -> &'static str;
 }
 
+/// Declares a service's crash points: the enum, its [`CrashPoint`] impl and the
+/// `crash_point(point)` function the service calls at each of them.
+///
+/// ```ignore
+/// eventmesh_common::crash_points! {
+///     /// A place the process can be told to die.
+///     pub enum CrashPoint: "EM_DEMO_CRASH_AT", "demo-svc" {
+///         /// After the write.
+///         AfterWrite = "after-write",
+///     }
+/// }
+/// ```
+#[macro_export]
+macro_rules! crash_points {
+    (
+        $(#[$meta:meta])*
+        $vis:vis enum $name:ident : $env:literal, $service:literal {
+            $( $(#[$variant_meta:meta])* $variant:ident = $text:literal, )+
+        }
+    ) => {
+        $(#[$meta])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+        $vis enum $name {
+            $( $(#[$variant_meta])* $variant, )+
+        }
+
+        impl $crate::crash::CrashPoint for $name {
+            const ENV: &'static str = $env;
+            const SERVICE: &'static str = $service;
+            const ALL: &'static [Self] = &[ $( $name::$variant, )+ ];
+            fn name(self) -> &'static str {
+                match self {
+                    $( $name::$variant => $text, )+
+                }
+            }
+        }
+
+        /// Aborts the process if `point` is armed (and this is the armed visit).
+        $vis fn crash_point(point: $name) {
+            static ARMED: ::std::sync::OnceLock<Option<$crate::crash::Armed<$name>>> =
+                ::std::sync::OnceLock::new();
+            $crate::crash::reach(&ARMED, point);
+        }
+    };
+}
+
 /// Parses a point's name.
 pub fn parse<P: CrashPoint>(text: &str) -> Option<P> {
     P::ALL.iter().copied().find(|point| point.name() == text)
@@ -87,21 +133,10 @@ mod tests {
 
     use super::*;
 
-    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-    enum Demo {
-        Early,
-        Late,
-    }
-
-    impl CrashPoint for Demo {
-        const ENV: &'static str = "EM_COMMON_TEST_CRASH_AT";
-        const SERVICE: &'static str = "demo";
-        const ALL: &'static [Self] = &[Demo::Early, Demo::Late];
-        fn name(self) -> &'static str {
-            match self {
-                Demo::Early => "early",
-                Demo::Late => "late",
-            }
+    crate::crash_points! {
+        enum Demo: "EM_COMMON_TEST_CRASH_AT", "demo" {
+            Early = "early",
+            Late = "late",
         }
     }
 
@@ -144,5 +179,7 @@ mod tests {
         let cell = OnceLock::new();
         assert!(armed::<Demo>(&cell).is_none());
         reach(&cell, Demo::Early);
+        // The generated function reads the (unset) variable and returns.
+        crash_point(Demo::Late);
     }
 }

@@ -280,6 +280,81 @@ pub async fn wait_for_crash(instance: &mut LocalInstance, service: Service, wait
     );
 }
 
+/// A running stream: an instance, a publisher of `events` known ids, and a consumer ACKing in
+/// random order, all counted by one ledger.
+pub struct Run {
+    pub instance: LocalInstance,
+    pub ledger: Arc<Ledger>,
+    events: u64,
+    publisher: JoinHandle<()>,
+    consumer: JoinHandle<Subscription>,
+    stop: tokio::sync::watch::Sender<bool>,
+    _dir: tempfile::TempDir,
+}
+
+impl Run {
+    /// Starts an instance from `config(dir)` and the stream.
+    pub async fn start(
+        config: impl FnOnce(&std::path::Path) -> eventmesh_client::local::LocalConfig,
+        events: u64,
+        seed: u64,
+    ) -> Run {
+        let dir = tempfile::tempdir().unwrap();
+        let instance = LocalInstance::start(config(dir.path())).await.expect(
+            "local instance starts (service binaries are built by `cargo test --workspace`)",
+        );
+        let ledger = Arc::new(Ledger::default());
+        let client = connect(&instance, "e2e-app").await;
+        let subscription = subscribe(&client).await;
+        let (consumer, stop) = spawn_consumer(subscription, Arc::clone(&ledger), seed);
+        let publisher = spawn_publisher(client, events, Arc::clone(&ledger));
+        Run {
+            instance,
+            ledger,
+            events,
+            publisher,
+            consumer,
+            stop,
+            _dir: dir,
+        }
+    }
+
+    /// What a crash now may duplicate: the deliveries not yet answered DURABLE plus the
+    /// publishes awaiting an answer.
+    pub fn duplicate_bound_now(&self) -> usize {
+        self.ledger.unsettled() + PUBLISHES_IN_FLIGHT
+    }
+
+    /// Waits for every event to be published, delivered and covered by the watermark; stops
+    /// the instance; checks nothing was lost and the duplicates stay within `bound`.
+    pub async fn finish(self, bound: usize, label: &str) -> Count {
+        self.publisher.await.unwrap();
+        let count = wait_until_complete(
+            &self.instance,
+            &self.ledger,
+            self.events as usize,
+            Duration::from_secs(240),
+        )
+        .await;
+        self.stop.send(true).unwrap();
+        let subscription = self.consumer.await.unwrap();
+        eprintln!(
+            "{label}: {count:?}; duplicates {} (bound {bound}); SDK {:?}",
+            count.duplicates,
+            subscription.stats()
+        );
+        assert_eq!(count.published, self.events as usize);
+        assert_eq!(count.lost, 0, "{label}: {count:?}");
+        assert!(
+            count.duplicates <= bound,
+            "{label}: duplicates {} above the bound {bound}",
+            count.duplicates
+        );
+        self.instance.stop(Duration::from_secs(10)).await;
+        count
+    }
+}
+
 /// Random source for a test, printed so a failure can be replayed with `EM_TEST_SEED`.
 pub fn seed(default: u64) -> u64 {
     let seed = std::env::var("EM_TEST_SEED")
