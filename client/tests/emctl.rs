@@ -1,0 +1,149 @@
+//! `emctl` publish / subscribe / offsets / reset-offsets against a real local instance.
+
+#![allow(clippy::unwrap_used)]
+
+use std::io::Write;
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+
+use eventmesh_client::local::{LocalConfig, LocalInstance, Service};
+
+fn emctl(instance: &LocalInstance, args: &[&str], stdin: &str) -> Output {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_emctl"))
+        .args(args)
+        .env("EMCTL_ENDPOINT", instance.endpoint())
+        .env("EMCTL_OFFSET_SVC", instance.uri(Service::Offset))
+        .env("EMCTL_PULLER", instance.uri(Service::Puller))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(stdin.as_bytes())
+        .unwrap();
+    child.wait_with_output().unwrap()
+}
+
+fn ok(output: &Output) -> String {
+    assert!(
+        output.status.success(),
+        "emctl failed: {}\n{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+fn watermarks(instance: &LocalInstance) -> Vec<(i64, Option<i64>)> {
+    let view: serde_json::Value = serde_json::from_str(&ok(&emctl(
+        instance,
+        &["offsets", "--topic", "cli", "--json"],
+        "",
+    )))
+    .unwrap();
+    view.as_array()
+        .unwrap()
+        .iter()
+        .map(|p| (p["end"].as_i64().unwrap(), p["watermarks"]["g"].as_i64()))
+        .collect()
+}
+
+#[tokio::test]
+async fn publish_subscribe_offsets_and_a_confirmed_reset() {
+    let dir = tempfile::tempdir().unwrap();
+    let emctl_dir = Path::new(env!("CARGO_BIN_EXE_emctl")).parent().unwrap();
+    let mut config = LocalConfig::new(dir.path());
+    config.bin_dir = Some(emctl_dir.to_owned());
+    let instance = LocalInstance::start(config).await.unwrap();
+
+    let out = ok(&emctl(
+        &instance,
+        &["publish", "--topic", "cli", "--count", "20"],
+        "",
+    ));
+    assert!(out.contains("published 20 events"), "{out}");
+    let output = emctl(
+        &instance,
+        &[
+            "subscribe",
+            "--topic",
+            "cli",
+            "--group",
+            "g",
+            "--start",
+            "earliest",
+            "--count",
+            "20",
+        ],
+        "",
+    );
+    let out = ok(&output);
+    assert_eq!(out.lines().count(), 20, "{out}");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("ACKs durable 20"), "{stderr}");
+
+    // Every partition's group watermark reached its end: lag 0.
+    let view = watermarks(&instance);
+    assert_eq!(view.iter().map(|(end, _)| end).sum::<i64>(), 20);
+    for (end, watermark) in &view {
+        if *end > 0 {
+            assert_eq!(*watermark, Some(end - 1), "{view:?}");
+        }
+    }
+    let table = ok(&emctl(&instance, &["offsets", "--topic", "cli"], ""));
+    assert!(
+        table.contains("group  g") && table.contains("lag 0"),
+        "{table}"
+    );
+
+    // A reset asks first; "n" changes nothing.
+    let reset = [
+        "reset-offsets",
+        "--topic",
+        "cli",
+        "--group",
+        "g",
+        "--to",
+        "-1",
+        "--reason",
+        "replay",
+    ];
+    let out = ok(&emctl(&instance, &reset, "n\n"));
+    assert!(out.contains("nothing changed"), "{out}");
+    assert_eq!(watermarks(&instance), view);
+    // "y" applies it.
+    let out = ok(&emctl(&instance, &reset, "y\n"));
+    assert!(out.contains("now -1"), "{out}");
+    for (end, watermark) in watermarks(&instance) {
+        if end > 0 {
+            assert_eq!(watermark, Some(-1));
+        }
+    }
+
+    // Bad input is refused with a reason.
+    let output = emctl(
+        &instance,
+        &[
+            "reset-offsets",
+            "--topic",
+            "cli",
+            "--to",
+            "3",
+            "--reason",
+            "x",
+            "--yes",
+        ],
+        "",
+    );
+    assert!(!output.status.success());
+    assert!(String::from_utf8_lossy(&output.stderr).contains("--group"));
+    let output = emctl(&instance, &["publish", "--topic", "bad#topic"], "");
+    assert!(!output.status.success());
+    assert!(String::from_utf8_lossy(&output.stderr).contains("topic"));
+
+    instance.stop(std::time::Duration::from_secs(10)).await;
+}
