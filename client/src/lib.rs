@@ -32,6 +32,9 @@
 //! # Ok(()) }
 //! ```
 //!
+//! A complete program is `client/examples/quickstart.rs` (`cargo run -p eventmesh-client
+//! --example quickstart` against `emctl up`).
+//!
 //! Contract: every [`Delivery`] must be ACKed; what is not (ACK timeout, NACK, broken session,
 //! instance death) comes back, with the same event id, until it is ACKed or dead-lettered to
 //! `<topic>_DLQ`. An ACK is answered DURABLE once the offset is stored, PENDING while the store
