@@ -330,6 +330,19 @@ async fn unknown_topics_and_lite_are_clear_errors(bootstrap: &str) {
     assert!(matches!(err, StorageError::UnknownTopic(_)), "{err}");
     let err = storage.create_lite(&missing, "x").await.unwrap_err();
     assert!(matches!(err, StorageError::Invalid(_)), "{err}");
+    // Publishing to a topic that does not exist says so (the dispatcher then creates it), and
+    // once it is created the publish goes through.
+    let fresh = Topic::new("em-kafka-created-on-publish").unwrap();
+    let err = storage
+        .send(&fresh, Bytes::new(), Bytes::from_static(b"x"), None)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, StorageError::UnknownTopic(_)), "{err}");
+    storage.create_topic(&fresh, 1).await.unwrap();
+    storage
+        .send(&fresh, Bytes::new(), Bytes::from_static(b"x"), None)
+        .await
+        .unwrap();
 }
 
 async fn a_frozen_broker_is_unavailable_then_recovers() {

@@ -31,7 +31,7 @@ use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Headers, Message};
-use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
 use rdkafka::{Offset, TopicPartitionList};
 
 use super::{
@@ -142,6 +142,58 @@ impl KafkaStorage {
         F: FnOnce(&Inner) -> Result<T, StorageError> + Send + 'static,
     {
         super::on_blocking(Arc::clone(&self.inner), work).await
+    }
+}
+
+impl KafkaStorage {
+    async fn produce(
+        &self,
+        topic: &Topic,
+        key: &Bytes,
+        body: &Bytes,
+        partition: Option<i32>,
+    ) -> Result<Appended, StorageError> {
+        let mut record: FutureRecord<'_, [u8], [u8]> =
+            FutureRecord::to(topic.as_str()).payload(&body[..]);
+        if !key.is_empty() {
+            record = record.key(&key[..]);
+        }
+        if let Some(partition) = partition {
+            record = record.partition(partition);
+        }
+        match self.inner.producer.send(record, CALL_TIMEOUT).await {
+            Ok(delivery) => Ok(Appended {
+                partition: PartitionId::number(delivery.partition as u32),
+                offset: delivery.offset,
+            }),
+            // The broker's answer, or librdkafka's own (`Local: Unknown topic`) when its metadata
+            // says the topic does not exist: both mean "create it first", not "try later".
+            Err((
+                KafkaError::MessageProduction(
+                    RDKafkaErrorCode::UnknownTopicOrPartition | RDKafkaErrorCode::UnknownTopic,
+                ),
+                _,
+            )) => Err(StorageError::UnknownTopic(topic.to_string())),
+            Err((err, _)) => Err(unavailable("produce", err)),
+        }
+    }
+
+    /// Asks the broker through the producer's own client (refreshing its metadata cache)
+    /// whether `topic` exists now.
+    async fn producer_sees_topic(&self, topic: &Topic) -> bool {
+        let topic = topic.clone();
+        self.blocking(move |inner| {
+            let metadata = inner
+                .producer
+                .client()
+                .fetch_metadata(Some(topic.as_str()), CALL_TIMEOUT)
+                .map_err(|err| unavailable("metadata", err))?;
+            Ok(metadata.topics().iter().any(|t| {
+                t.name() == topic.as_str() && t.error().is_none() && !t.partitions().is_empty()
+            }))
+        })
+        .await
+        .unwrap_or(false)
     }
 }
 
@@ -434,23 +486,13 @@ impl Storage for KafkaStorage {
         partition: Option<PartitionId>,
     ) -> Result<Appended, StorageError> {
         let partition = partition.map(|p| partition_number(topic, &p)).transpose()?;
-        let mut record: FutureRecord<'_, [u8], [u8]> =
-            FutureRecord::to(topic.as_str()).payload(&body[..]);
-        if !key.is_empty() {
-            record = record.key(&key[..]);
-        }
-        if let Some(partition) = partition {
-            record = record.partition(partition);
-        }
-        match self.inner.producer.send(record, CALL_TIMEOUT).await {
-            Ok(delivery) => Ok(Appended {
-                partition: PartitionId::number(delivery.partition as u32),
-                offset: delivery.offset,
-            }),
-            Err((KafkaError::MessageProduction(RDKafkaErrorCode::UnknownTopicOrPartition), _)) => {
-                Err(StorageError::UnknownTopic(topic.to_string()))
+        match self.produce(topic, &key, &body, partition).await {
+            Err(StorageError::UnknownTopic(_)) if self.producer_sees_topic(topic).await => {
+                // librdkafka cached "unknown" before the topic was created; its cache is
+                // refreshed now, so one more try goes through.
+                self.produce(topic, &key, &body, partition).await
             }
-            Err((err, _)) => Err(unavailable("produce", err)),
+            other => other,
         }
     }
 

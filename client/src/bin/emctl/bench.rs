@@ -68,6 +68,9 @@ pub struct BenchArgs {
     /// directory (kept).
     #[arg(long)]
     perf: bool,
+    /// Extra dispatcher-svc flag (repeat; e.g. `--dispatcher-arg=--ack-flush-ms=0`).
+    #[arg(long = "dispatcher-arg", allow_hyphen_values = true)]
+    dispatcher_args: Vec<String>,
     /// Print results as JSON lines.
     #[arg(long)]
     json: bool,
@@ -107,6 +110,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
                 args.max_in_flight.max(256).to_string(),
             ],
         );
+    config = config.args(Service::Dispatcher, args.dispatcher_args.iter().cloned());
     config.log_filter = "warn".into();
     config.bin_dir = args.bin_dir.clone();
     if args.backend == Backend::Kafka {

@@ -56,7 +56,30 @@ async fn main() -> anyhow::Result<()> {
         Command::Subscribe(args) => pubsub::subscribe(args).await,
         Command::Offsets(args) => offsets::show(args).await,
         Command::ResetOffsets(args) => offsets::reset(args).await,
-        Command::Demo(args) => demo::run(args).await,
-        Command::Bench(args) => bench::run(args).await,
+        // Dropping the run on a signal drops its local instance, which kills the services.
+        Command::Demo(args) => until_signal(demo::run(args)).await,
+        Command::Bench(args) => until_signal(bench::run(args)).await,
+    }
+}
+
+/// Resolves on Ctrl-C or SIGTERM, naming it.
+pub async fn terminated() -> &'static str {
+    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        Ok(term) => term,
+        Err(_) => {
+            let _ = tokio::signal::ctrl_c().await;
+            return "SIGINT";
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => "SIGINT",
+        _ = term.recv() => "SIGTERM",
+    }
+}
+
+async fn until_signal(work: impl Future<Output = anyhow::Result<()>>) -> anyhow::Result<()> {
+    tokio::select! {
+        result = work => result,
+        signal = terminated() => anyhow::bail!("stopped by {signal}"),
     }
 }

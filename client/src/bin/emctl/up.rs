@@ -38,13 +38,11 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
         );
     }
     println!(
-        "serving; data in {}. Ctrl-C stops all three cleanly.",
+        "serving; data in {}. Ctrl-C (or SIGTERM) stops all three cleanly.",
         args.data_dir.display()
     );
-    tokio::signal::ctrl_c()
-        .await
-        .context("waiting for Ctrl-C")?;
-    println!("stopping (dispatcher first, so ACKs are flushed)…");
+    let signal = crate::terminated().await;
+    println!("{signal}: stopping (dispatcher first, so ACKs are flushed)…");
     instance.stop(Duration::from_secs(15)).await;
     println!("stopped");
     Ok(())
