@@ -55,7 +55,14 @@ fn the_demo_counts_everything_through_a_dispatcher_crash() {
         number(&summary, "delivered"),
         2000 + number(&summary, "redelivered")
     );
-    assert!(number(&summary, "acked") >= 2000, "{summary}");
+    // lag 0 says every event is ACKed durably; the DURABLE *answers* for ACKs the killed
+    // dispatcher had already written but not yet answered are gone with it (at most what was
+    // in flight: 512 deliveries).
+    let acked = number(&summary, "acked");
+    assert!(
+        (2000 - 512..=2000 + number(&summary, "redelivered")).contains(&acked),
+        "{summary}"
+    );
     assert!(number(&summary, "reconnects") >= 1, "{summary}");
 }
 
