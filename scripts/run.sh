@@ -12,7 +12,7 @@
 source "$(dirname "$0")/common.sh"
 ensure_build_deps
 cd "$REPO_ROOT"
-log "building (the first build compiles RocksDB: about 15-20 minutes on 2 cores)"
+log "building (the first build compiles RocksDB: up to 40 minutes on 2 cores for this optimised build)"
 cargo build --locked --release -p offset-svc -p puller-svc -p dispatcher-svc -p eventmesh-client --bins
 BIN="$CARGO_TARGET_DIR/release"
 DATA_DIR="${EM_DATA_DIR:-$REPO_ROOT/data}"
