@@ -7,75 +7,17 @@
 
 mod support;
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
 use eventmesh_common::dead_letter::DeadLetter;
-use eventmesh_common::shutdown::CancellationToken;
 use eventmesh_proto::client::SubscriptionMode;
 use eventmesh_proto::puller::{GroupTopic, PullRequest};
-use puller_svc::alignment::WatermarkSource;
+use eventmesh_testkit::KafkaBroker as Broker;
 use puller_svc::cursors::StartAt;
-use puller_svc::service::PullerGrpc;
 use puller_svc::storage::Storage;
 use puller_svc::storage::kafka::KafkaStorage;
 use support::*;
-
-fn script() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/kafka.sh")
-}
-
-/// tansu started for this test (stopped on drop), or the broker in KAFKA_BOOTSTRAP.
-struct Broker {
-    bootstrap: String,
-    dir: Option<tempfile::TempDir>,
-}
-
-impl Broker {
-    fn get() -> Broker {
-        if let Ok(bootstrap) = std::env::var("KAFKA_BOOTSTRAP") {
-            return Broker {
-                bootstrap,
-                dir: None,
-            };
-        }
-        let dir = tempfile::tempdir().unwrap();
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let status = Command::new("bash")
-            .arg(script())
-            .arg("start")
-            .arg(dir.path())
-            .arg(port.to_string())
-            .status()
-            .unwrap();
-        assert!(
-            status.success(),
-            "could not start tansu (scripts/kafka.sh install builds it)"
-        );
-        Broker {
-            bootstrap: format!("127.0.0.1:{port}"),
-            dir: Some(dir),
-        }
-    }
-}
-
-impl Drop for Broker {
-    fn drop(&mut self) {
-        if let Some(dir) = &self.dir {
-            let _ = Command::new("bash")
-                .arg(script())
-                .arg("stop")
-                .arg(dir.path())
-                .status();
-        }
-    }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unacked_event_is_redelivered_then_dead_lettered_on_kafka() {
@@ -85,26 +27,13 @@ async fn unacked_event_is_redelivered_then_dead_lettered_on_kafka() {
         start_offset_svc(&dir.path().join("offsets"), "127.0.0.1:0".parse().unwrap()).await;
     let storage: Arc<dyn Storage> = Arc::new(
         KafkaStorage::new(
-            &broker.bootstrap,
+            broker.bootstrap(),
             dir.path().join("puller"),
             StartAt::Earliest,
         )
         .unwrap(),
     );
-    let grpc = PullerGrpc::new(
-        Arc::clone(&storage),
-        WatermarkSource::new(lazy(offset_svc.local_addr())),
-    )
-    .with_default_partitions(1);
-    let puller = puller_svc::server::start(
-        "127.0.0.1:0".parse().unwrap(),
-        storage,
-        grpc,
-        CancellationToken::new(),
-        Duration::from_secs(2),
-    )
-    .await
-    .unwrap();
+    let puller = start_puller_over(storage, offset_svc.local_addr(), 1).await;
     let settings = dispatcher_svc::config::DeliverySettings {
         ack_timeout_ms: 3_000,
         max_attempts: 3,

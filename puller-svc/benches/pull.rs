@@ -12,7 +12,6 @@
 mod support;
 
 use std::path::Path;
-use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -263,24 +262,9 @@ fn main() {
         .enable_all()
         .build()
         .unwrap();
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/kafka.sh");
-    let broker_dir = tempfile::tempdir().unwrap();
-    let bootstrap = std::env::var("KAFKA_BOOTSTRAP").unwrap_or_else(|_| {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let status = Command::new("bash")
-            .arg(&script)
-            .arg("start")
-            .arg(broker_dir.path())
-            .arg(port.to_string())
-            .status()
-            .unwrap();
-        assert!(status.success());
-        format!("127.0.0.1:{port}")
-    });
+    // Started here unless KAFKA_BOOTSTRAP names one; stopped when dropped at the end of main.
+    let broker = eventmesh_testkit::KafkaBroker::get();
+    let bootstrap = broker.bootstrap().to_owned();
     println!(
         "# pull benchmark: {n} records of {size} B, {PARTITIONS} partitions, median of {rounds} rounds"
     );
@@ -366,13 +350,5 @@ fn main() {
             run.mb_per_sec(),
             run.per_sec() / baseline.per_sec()
         );
-    }
-    if std::env::var("KAFKA_BOOTSTRAP").is_err() {
-        Command::new("bash")
-            .arg(&script)
-            .arg("stop")
-            .arg(broker_dir.path())
-            .status()
-            .unwrap();
     }
 }

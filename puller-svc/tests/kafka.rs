@@ -6,13 +6,12 @@
 
 mod support;
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::Duration;
 
 use bytes::Bytes;
 use eventmesh_common::frame::{Frame, FrameLimits};
 use eventmesh_common::keys::{GroupName, PartitionId, Topic};
+use eventmesh_testkit::KafkaBroker as Broker;
 use puller_svc::cursors::{Alignment, StartAt};
 use puller_svc::ingest::BodyKind;
 use puller_svc::storage::kafka::KafkaStorage;
@@ -22,81 +21,6 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::{Offset, TopicPartitionList};
-
-/// A broker for this test: the one in KAFKA_BOOTSTRAP, or tansu started here (stopped on drop).
-struct Broker {
-    bootstrap: String,
-    started_in: Option<tempfile::TempDir>,
-}
-
-fn script() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/kafka.sh")
-}
-
-impl Broker {
-    fn get() -> Broker {
-        if let Ok(bootstrap) = std::env::var("KAFKA_BOOTSTRAP") {
-            return Broker {
-                bootstrap,
-                started_in: None,
-            };
-        }
-        Broker::start_own()
-    }
-
-    /// A broker of this test's own (to freeze it without disturbing anyone else).
-    fn start_own() -> Broker {
-        let dir = tempfile::tempdir().unwrap();
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let status = Command::new("bash")
-            .arg(script())
-            .arg("start")
-            .arg(dir.path())
-            .arg(port.to_string())
-            .status()
-            .unwrap();
-        assert!(
-            status.success(),
-            "could not start tansu (scripts/kafka.sh install builds it)"
-        );
-        Broker {
-            bootstrap: format!("127.0.0.1:{port}"),
-            started_in: Some(dir),
-        }
-    }
-}
-
-impl Broker {
-    fn signal(&self, signal: &str) {
-        let dir = self
-            .started_in
-            .as_ref()
-            .expect("only our own broker is signalled");
-        let pid = std::fs::read_to_string(dir.path().join("tansu.pid")).unwrap();
-        let status = Command::new("kill")
-            .arg(signal)
-            .arg(pid.trim())
-            .status()
-            .unwrap();
-        assert!(status.success());
-    }
-}
-
-impl Drop for Broker {
-    fn drop(&mut self) {
-        if let Some(dir) = &self.started_in {
-            let _ = Command::new("bash")
-                .arg(script())
-                .arg("stop")
-                .arg(dir.path())
-                .status();
-        }
-    }
-}
 
 fn event(id: &str) -> Bytes {
     let mut frame = Frame::event();
@@ -152,11 +76,11 @@ fn ids(batch: &PolledBatch) -> Vec<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kafka_backend_against_a_real_broker() {
     let broker = Broker::get();
-    stamps_foreign_bodies_and_checkpoints(&broker.bootstrap).await;
-    groups_are_independent_and_alignment_repulls(&broker.bootstrap).await;
-    unknown_topics_and_lite_are_clear_errors(&broker.bootstrap).await;
-    one_partition_at_a_time_drops_nothing(&broker.bootstrap).await;
-    publish_and_pull_through_the_grpc_service(&broker.bootstrap).await;
+    stamps_foreign_bodies_and_checkpoints(broker.bootstrap()).await;
+    groups_are_independent_and_alignment_repulls(broker.bootstrap()).await;
+    unknown_topics_and_lite_are_clear_errors(broker.bootstrap()).await;
+    one_partition_at_a_time_drops_nothing(broker.bootstrap()).await;
+    publish_and_pull_through_the_grpc_service(broker.bootstrap()).await;
     a_frozen_broker_is_unavailable_then_recovers().await;
 }
 
@@ -348,7 +272,7 @@ async fn unknown_topics_and_lite_are_clear_errors(bootstrap: &str) {
 async fn a_frozen_broker_is_unavailable_then_recovers() {
     let broker = Broker::start_own();
     let dir = tempfile::tempdir().unwrap();
-    let storage = KafkaStorage::new(&broker.bootstrap, dir.path(), StartAt::Earliest).unwrap();
+    let storage = KafkaStorage::new(broker.bootstrap(), dir.path(), StartAt::Earliest).unwrap();
     let topic = Topic::new("em-kafka-freeze").unwrap();
     storage.create_topic(&topic, 1).await.unwrap();
     for i in 0..3 {

@@ -62,8 +62,19 @@ pub async fn start_puller(
     let storage: Arc<dyn Storage> = Arc::new(
         LocalStorage::open(dir.to_path_buf(), Default::default(), StartAt::Earliest).unwrap(),
     );
+    start_puller_over(storage, offset_addr, 2).await
+}
+
+/// puller-svc over any backend, reading watermarks from `offset_addr`; topics created on first
+/// use get `default_partitions`.
+pub async fn start_puller_over(
+    storage: Arc<dyn Storage>,
+    offset_addr: SocketAddr,
+    default_partitions: u32,
+) -> puller_svc::server::RunningServer {
     let watermarks = WatermarkSource::new(lazy(offset_addr));
-    let grpc = PullerGrpc::new(Arc::clone(&storage), watermarks).with_default_partitions(2);
+    let grpc = PullerGrpc::new(Arc::clone(&storage), watermarks)
+        .with_default_partitions(default_partitions);
     puller_svc::server::start(
         "127.0.0.1:0".parse().unwrap(),
         storage,
