@@ -91,6 +91,18 @@ impl Drop for KafkaBroker {
     }
 }
 
+/// `scripts/kafka.sh` of the checkout being tested, found at run time: from the package
+/// directory cargo names for the running test (or the working directory) upwards. Not the
+/// compile-time `CARGO_MANIFEST_DIR`: a shared `CARGO_TARGET_DIR` reuses this crate's build
+/// across checkouts, and the path baked into it may be another (since deleted) clone.
 fn script() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/kafka.sh")
+    let start = std::env::var_os("CARGO_MANIFEST_DIR")
+        .map(PathBuf::from)
+        .or_else(|| std::env::current_dir().ok())
+        .unwrap_or_default();
+    start
+        .ancestors()
+        .map(|dir| dir.join("scripts/kafka.sh"))
+        .find(|script| script.is_file())
+        .unwrap_or_else(|| Path::new("scripts/kafka.sh").to_path_buf())
 }
