@@ -122,6 +122,10 @@ pub struct Delivery {
     pub event: pb::Event,
     /// When the server redelivers unless ACKed or extended (ms since the Unix epoch).
     pub ack_deadline_unix_ms: i64,
+    /// The instance that made this delivery: only it can settle the ACK. Deliveries of a
+    /// session that broke may still be taken after the subscription moved on to another
+    /// instance; their ACKs are then answered UNKNOWN and the events come back.
+    pub instance_id: Arc<str>,
     commands: mpsc::UnboundedSender<Command>,
 }
 
@@ -132,10 +136,17 @@ impl Delivery {
         self.send(Command::Ack(self.id.clone(), None));
     }
 
-    /// ACKs and waits for the outcome: DURABLE once the offset is stored (a PENDING answer —
-    /// offset store unavailable — is waited through), or the no-op outcomes ALREADY_SETTLED,
-    /// UNKNOWN, NOT_OWNED. [`ClientError::Interrupted`] when the session broke first (the
-    /// event will then come back).
+    /// ACKs and waits for the outcome: DURABLE once the stored progress covers the event, so
+    /// no crash can bring it back (a PENDING answer — offset store unavailable — is waited
+    /// through), or the no-op outcomes ALREADY_SETTLED, UNKNOWN, NOT_OWNED.
+    /// [`ClientError::Interrupted`] when the session broke first (the event will then come
+    /// back).
+    ///
+    /// Stored progress is a gap-free watermark per partition: an ACK above an earlier delivery
+    /// of the same partition that is still un-ACKed (by this or another consumer of the group)
+    /// is answered once that one is settled too. So do not wait on a later delivery while
+    /// holding an earlier one un-ACKed; ACK with [`ack`](Self::ack) and read the outcomes from
+    /// [`Subscription::ack_results`] instead.
     pub async fn ack_and_wait(&self) -> Result<AckOutcome, ClientError> {
         let (tx, rx) = oneshot::channel();
         self.send(Command::Ack(self.id.clone(), Some(tx)));
@@ -409,7 +420,8 @@ impl SessionTask {
                 let _ = first.send(Ok(()));
             }
             backoff.reset();
-            match self.serve(&mut close, requests, stream).await {
+            let instance_id: Arc<str> = Arc::from(instance.id.as_str());
+            match self.serve(&mut close, &instance_id, requests, stream).await {
                 SessionEnd::Closed => return,
                 SessionEnd::Broken(reason) => {
                     tracing::warn!(instance = %instance.id, reason, topic = %self.options.topic, "session broke; reconnecting");
@@ -523,6 +535,7 @@ impl SessionTask {
     async fn serve(
         &mut self,
         close: &mut oneshot::Receiver<()>,
+        instance_id: &Arc<str>,
         requests: mpsc::UnboundedSender<pb::SubscribeRequest>,
         mut stream: tonic::Streaming<pb::SubscribeResponse>,
     ) -> SessionEnd {
@@ -547,7 +560,7 @@ impl SessionTask {
                     }
                 }
                 message = stream.message(), if held.is_none() => match message {
-                    Ok(Some(message)) => held = self.receive(message),
+                    Ok(Some(message)) => held = self.receive(message, instance_id),
                     Ok(None) => return SessionEnd::Broken("the server ended the stream".into()),
                     Err(status) => return SessionEnd::Broken(format!("{}: {}", status.code(), status.message())),
                 },
@@ -613,7 +626,11 @@ impl SessionTask {
     }
 
     /// Handles one server message; returns a delivery for the application.
-    fn receive(&mut self, message: pb::SubscribeResponse) -> Option<Delivery> {
+    fn receive(
+        &mut self,
+        message: pb::SubscribeResponse,
+        instance_id: &Arc<str>,
+    ) -> Option<Delivery> {
         match message.kind? {
             subscribe_response::Kind::Delivery(delivery) => {
                 Counters::bump(&self.counters.delivered);
@@ -628,6 +645,7 @@ impl SessionTask {
                     offset: delivery.offset,
                     event: delivery.event.unwrap_or_default(),
                     ack_deadline_unix_ms: delivery.ack_deadline_unix_ms,
+                    instance_id: Arc::clone(instance_id),
                     commands: self.commands_tx.clone(),
                 })
             }

@@ -51,16 +51,16 @@ async fn publish_range(client: &Client, topic: &str, range: std::ops::Range<u64>
     }
 }
 
-/// Receives and ACKs until `wanted` distinct event ids were seen; returns how many deliveries
-/// that took.
+/// Receives and ACKs until `wanted` distinct event ids were seen; returns the instance that
+/// made the last delivery.
 async fn consume_distinct(
     subscription: &mut Subscription,
     seen: &mut std::collections::HashSet<String>,
     wanted: usize,
     wait: Duration,
-) -> usize {
+) -> Option<std::sync::Arc<str>> {
     let deadline = Instant::now() + wait;
-    let mut deliveries = 0;
+    let mut last_instance = None;
     while seen.len() < wanted {
         let left = deadline.saturating_duration_since(Instant::now());
         let delivery = tokio::time::timeout(left, subscription.next())
@@ -68,11 +68,11 @@ async fn consume_distinct(
             .unwrap_or_else(|_| panic!("only {} of {wanted} events within {wait:?}", seen.len()))
             .unwrap()
             .unwrap();
-        deliveries += 1;
+        last_instance = Some(std::sync::Arc::clone(&delivery.instance_id));
         seen.insert(delivery.event.id.clone());
         delivery.ack();
     }
-    deliveries
+    last_instance
 }
 
 #[tokio::test]
@@ -93,7 +93,9 @@ async fn fails_over_past_a_dead_seed_and_to_a_restarted_dispatcher() {
     let first_instance = subscription.session().unwrap().instance_id;
     publish_range(&client, "failover", 0..300).await;
     let mut seen = std::collections::HashSet::new();
-    consume_distinct(&mut subscription, &mut seen, 100, Duration::from_secs(30)).await;
+    let last_instance =
+        consume_distinct(&mut subscription, &mut seen, 100, Duration::from_secs(30)).await;
+    assert_eq!(last_instance.as_deref(), Some(first_instance.as_str()));
 
     instance.kill(Service::Dispatcher).await.unwrap();
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -103,11 +105,14 @@ async fn fails_over_past_a_dead_seed_and_to_a_restarted_dispatcher() {
         .unwrap();
     // Publishing goes on through the restarted instance, and the subscription resumes there.
     publish_range(&client, "failover", 300..400).await;
-    consume_distinct(&mut subscription, &mut seen, 400, Duration::from_secs(60)).await;
+    let last_instance =
+        consume_distinct(&mut subscription, &mut seen, 400, Duration::from_secs(60)).await;
     let stats = subscription.stats();
     assert!(stats.reconnects >= 1, "{stats:?}");
     let second_instance = subscription.session().unwrap().instance_id;
     assert_ne!(first_instance, second_instance);
+    // Each delivery names the instance that made it, so its ACK can only settle there.
+    assert_eq!(last_instance.as_deref(), Some(second_instance.as_str()));
     subscription.close().await;
     instance.stop(Duration::from_secs(10)).await;
 }

@@ -13,7 +13,7 @@ use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use eventmesh_proto::client::SubscriptionMode;
+use eventmesh_proto::client::{AckOutcome, SubscriptionMode};
 use support::*;
 
 const WAIT: Duration = Duration::from_secs(10);
@@ -140,6 +140,14 @@ async fn publish_via(addr: SocketAddr, topic: &str, range: std::ops::Range<u64>)
     publish(&mut client, topic, range).await;
 }
 
+/// The deliveries at `offsets`, in that order.
+fn delivered_at<const N: usize>(
+    by_offset: &BTreeMap<i64, eventmesh_proto::client::Delivery>,
+    offsets: [i64; N],
+) -> Vec<eventmesh_proto::client::Delivery> {
+    offsets.iter().map(|o| by_offset[o].clone()).collect()
+}
+
 fn lb(topic: &str) -> eventmesh_proto::client::Open {
     open("crash-app", topic, "", SubscriptionMode::LoadBalance)
 }
@@ -154,13 +162,21 @@ async fn kill_minus_nine_after_out_of_order_acks_brings_back_every_unacked_event
     let delivered = session.deliveries(10, WAIT).await;
     assert_eq!(delivered.len(), 10);
     let by_offset: BTreeMap<i64, _> = delivered.iter().map(|d| (d.offset, d.clone())).collect();
-    // In order 0..=2, then out of order 4, 6, 7; 3, 5, 8, 9 stay un-ACKed.
-    let acked = [0, 1, 2, 7, 4, 6];
-    for offset in acked {
-        session
-            .ack_durably(std::slice::from_ref(&by_offset[&offset]))
-            .await;
-    }
+    // In order 0..=2, then out of order 7, 4, 6; 3, 5, 8, 9 stay un-ACKed.
+    session
+        .ack_durably(&delivered_at(&by_offset, [0, 1, 2]))
+        .await;
+    let above_gap = delivered_at(&by_offset, [7, 4, 6]);
+    let ids: Vec<&str> = above_gap.iter().map(|d| d.delivery_id.as_str()).collect();
+    session.ack(&ids).await;
+    // A second ACK of 0 is answered only after the group took the three before it.
+    session.ack(&[&by_offset[&0].delivery_id]).await;
+    let results = session.results(1, WAIT).await;
+    assert_eq!(
+        results.iter().map(|r| r.outcome()).collect::<Vec<_>>(),
+        [AckOutcome::AlreadySettled],
+        "ACKs above the gap are not DURABLE: {results:?}"
+    );
     assert_eq!(
         neighbours.watermark(topic).await,
         Some(2),
@@ -183,6 +199,13 @@ async fn kill_minus_nine_after_out_of_order_acks_brings_back_every_unacked_event
             "un-ACKed offset {lost} must come back once"
         );
     }
+    for not_durable in [4, 6, 7] {
+        assert_eq!(
+            seen.get(&not_durable),
+            Some(&1),
+            "offset {not_durable} was ACKed above the gap, never answered DURABLE: it comes back once"
+        );
+    }
     for settled in [0, 1, 2] {
         assert_eq!(
             seen.get(&settled),
@@ -190,8 +213,8 @@ async fn kill_minus_nine_after_out_of_order_acks_brings_back_every_unacked_event
             "offset {settled} is below the watermark"
         );
     }
-    // Duplicates are bounded by what was in flight above the watermark.
-    assert!(again.len() <= 7, "{seen:?}");
+    // Exactly what was above the watermark comes back.
+    assert_eq!(again.len(), 7, "{seen:?}");
     session.ack_durably(&again).await;
     assert_eq!(neighbours.watermark(topic).await, Some(9));
 }

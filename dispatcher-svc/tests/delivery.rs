@@ -61,7 +61,7 @@ async fn acks_become_durable_watermarks_per_group_and_client() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn out_of_order_acks_keep_the_watermark_below_the_gap() {
+async fn out_of_order_acks_keep_the_watermark_below_the_gap_and_wait_for_it_to_be_durable() {
     let instance = Instance::start(fast_settings()).await;
     instance.create_topic("single", 1).await;
     let mut client = instance.client().await;
@@ -69,15 +69,27 @@ async fn out_of_order_acks_keep_the_watermark_below_the_gap() {
     let mut session = subscribe(instance.dispatcher_addr(), open("app", "single", "", LB)).await;
     let d = session.deliveries(3, WAIT).await;
     assert_eq!(d.iter().map(|d| d.offset).collect::<Vec<_>>(), [0, 1, 2]);
-    session.ack_durably(&d[2..3]).await;
-    session.ack_durably(&d[1..2]).await;
+    session.ack(&[&d[2].delivery_id, &d[1].delivery_id]).await;
+    // Their writes finish within milliseconds, but a crash now would bring offsets 1 and 2
+    // back (the stored watermark cannot pass 0): they are not DURABLE yet.
+    let early = session.results(1, Duration::from_millis(500)).await;
+    assert!(early.is_empty(), "no DURABLE above the gap: {early:?}");
     assert_eq!(
         instance.stored("single", "__mqcursor__").await.get("0"),
         None,
         "offsets 1 and 2 are ACKed but 0 is not: nothing may be stored"
     );
     assert_eq!(instance.stored("single", "app").await.get("0"), None);
-    session.ack_durably(&d[0..1]).await;
+    // ACKing 0 closes the gap: all three are answered DURABLE.
+    session.ack(&[&d[0].delivery_id]).await;
+    let results = session.results(3, WAIT).await;
+    assert_eq!(results.len(), 3, "{results:?}");
+    for delivery in &d {
+        assert_eq!(
+            outcome_of(&results, &delivery.delivery_id),
+            AckOutcome::Durable
+        );
+    }
     assert_eq!(instance.stored("single", "__mqcursor__").await["0"], 2);
     assert_eq!(instance.stored("single", "app").await["0"], 2);
 }
@@ -212,7 +224,9 @@ async fn a_leaving_session_hands_its_deliveries_to_the_other_and_a_late_ack_sett
     let a = first.deliveries(5, WAIT).await;
     let b = second.deliveries(5, WAIT).await;
     assert_eq!(a.len() + b.len(), 10, "round robin over both sessions");
-    second.ack_durably(&b).await;
+    // worker-b ACKs its share; offsets interleave, so these wait above worker-a's gaps.
+    let b_ids: Vec<&str> = b.iter().map(|d| d.delivery_id.as_str()).collect();
+    second.ack(&b_ids).await;
     // worker-a leaves with its deliveries in flight: they go to worker-b at once.
     drop(first);
     let moved = second.deliveries(a.len(), WAIT).await;
@@ -232,7 +246,13 @@ async fn a_leaving_session_hands_its_deliveries_to_the_other_and_a_late_ack_sett
         results.iter().all(|r| r.outcome() == AckOutcome::Durable),
         "{results:?}"
     );
-    // worker-b's ACKs of the same deliveries are now no-ops.
+    // That closed the gaps under worker-b's ACKs: they are durable now too.
+    let results = second.results(b.len(), WAIT).await;
+    assert_eq!(results.len(), b.len());
+    for id in &b_ids {
+        assert_eq!(outcome_of(&results, id), AckOutcome::Durable);
+    }
+    // worker-b's ACKs of worker-a's deliveries are now no-ops.
     second.ack(&late).await;
     let results = second.results(late.len(), WAIT).await;
     assert!(

@@ -97,8 +97,18 @@ struct LedgerInner {
     delivered: HashMap<String, u32>,
     /// Event ids with a DURABLE answer.
     durable: HashSet<String>,
-    /// Delivery id → event id, to map ACK answers.
-    delivery_events: HashMap<String, String>,
+    /// Delivery id → (event id, delivering instance), to map ACK answers.
+    delivery_events: HashMap<String, (String, Arc<str>)>,
+    /// Per dispatcher instance: the event ids it delivered, and those it answered DURABLE.
+    instances: HashMap<Arc<str>, InstanceLedger>,
+    /// The instance of the latest delivery.
+    latest_instance: Option<Arc<str>>,
+}
+
+#[derive(Debug, Default)]
+struct InstanceLedger {
+    delivered: HashSet<String>,
+    durable: HashSet<String>,
 }
 
 /// The checker's verdict.
@@ -118,6 +128,49 @@ impl Ledger {
 
     fn lock(&self) -> std::sync::MutexGuard<'_, LedgerInner> {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn delivered(&self, delivery: &eventmesh_client::Delivery) {
+        let mut inner = self.lock();
+        let event = delivery.event.id.clone();
+        *inner.delivered.entry(event.clone()).or_default() += 1;
+        inner
+            .instances
+            .entry(Arc::clone(&delivery.instance_id))
+            .or_default()
+            .delivered
+            .insert(event.clone());
+        inner.latest_instance = Some(Arc::clone(&delivery.instance_id));
+        inner.delivery_events.insert(
+            delivery.id.clone(),
+            (event, Arc::clone(&delivery.instance_id)),
+        );
+    }
+
+    fn durable(&self, delivery_id: &str) {
+        let mut inner = self.lock();
+        if let Some((event, instance)) = inner.delivery_events.get(delivery_id).cloned() {
+            inner.durable.insert(event.clone());
+            inner
+                .instances
+                .entry(instance)
+                .or_default()
+                .durable
+                .insert(event);
+        }
+    }
+
+    /// What the dispatcher instances that no longer serve may bring back: per instance, the
+    /// events it delivered and did not answer DURABLE. Counted at the end, so deliveries a dead
+    /// instance had sent but the application took only after the crash are included.
+    pub fn unsettled_by_replaced_instances(&self) -> usize {
+        let inner = self.lock();
+        inner
+            .instances
+            .iter()
+            .filter(|(id, _)| Some(*id) != inner.latest_instance.as_ref())
+            .map(|(_, ledger)| ledger.delivered.difference(&ledger.durable).count())
+            .sum()
     }
 
     /// Event ids delivered and not yet answered DURABLE: what a crash now may bring back.
@@ -165,20 +218,13 @@ pub fn spawn_consumer(
                 _ = stopped.changed() => break,
                 Some(result) = results.recv() => {
                     if result.outcome == AckOutcome::Durable {
-                        let mut inner = ledger.lock();
-                        if let Some(event) = inner.delivery_events.get(&result.delivery_id).cloned() {
-                            inner.durable.insert(event);
-                        }
+                        ledger.durable(&result.delivery_id);
                     }
                 }
                 delivery = tokio::time::timeout(Duration::from_millis(20), subscription.next()) => {
                     match delivery {
                         Ok(Some(Ok(delivery))) => {
-                            {
-                                let mut inner = ledger.lock();
-                                *inner.delivered.entry(delivery.event.id.clone()).or_default() += 1;
-                                inner.delivery_events.insert(delivery.id.clone(), delivery.event.id.clone());
-                            }
+                            ledger.delivered(&delivery);
                             window.push(delivery);
                         }
                         Ok(Some(Err(error))) => panic!("subscription failed: {error}"),
@@ -289,6 +335,8 @@ pub struct Run {
     publisher: JoinHandle<()>,
     consumer: JoinHandle<Subscription>,
     stop: tokio::sync::watch::Sender<bool>,
+    /// Duplicates allowed by the crashes recorded so far.
+    bound: usize,
     _dir: tempfile::TempDir,
 }
 
@@ -315,19 +363,27 @@ impl Run {
             publisher,
             consumer,
             stop,
+            bound: 0,
             _dir: dir,
         }
     }
 
-    /// What a crash now may duplicate: the deliveries not yet answered DURABLE plus the
-    /// publishes awaiting an answer.
-    pub fn duplicate_bound_now(&self) -> usize {
-        self.ledger.unsettled() + PUBLISHES_IN_FLIGHT
+    /// Records that `service` just died: what that may duplicate joins the bound. Any crash
+    /// may lose the answers of the publishes in flight (retried with the same ids); a puller or
+    /// offset-svc crash may bring back what was delivered and not yet answered DURABLE. A dead
+    /// dispatcher's deliveries are counted per instance at the end (see
+    /// [`Ledger::unsettled_by_replaced_instances`]). Returns the bound so far.
+    pub fn crashed(&mut self, service: Service) -> usize {
+        self.bound += PUBLISHES_IN_FLIGHT;
+        if service != Service::Dispatcher {
+            self.bound += self.ledger.unsettled();
+        }
+        self.bound
     }
 
     /// Waits for every event to be published, delivered and covered by the watermark; stops
-    /// the instance; checks nothing was lost and the duplicates stay within `bound`.
-    pub async fn finish(self, bound: usize, label: &str) -> Count {
+    /// the instance; checks nothing was lost and the duplicates stay within the bound.
+    pub async fn finish(self, label: &str) -> Count {
         self.publisher.await.unwrap();
         let count = wait_until_complete(
             &self.instance,
@@ -338,6 +394,7 @@ impl Run {
         .await;
         self.stop.send(true).unwrap();
         let subscription = self.consumer.await.unwrap();
+        let bound = self.bound + self.ledger.unsettled_by_replaced_instances();
         eprintln!(
             "{label}: {count:?}; duplicates {} (bound {bound}); SDK {:?}",
             count.duplicates,

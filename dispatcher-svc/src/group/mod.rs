@@ -12,9 +12,12 @@
 //! 2. **ready** → **assigned** to a session with spare in-flight capacity (round robin) →
 //!    **sent** once the session's stream has taken it: only then does the ACK clock start;
 //! 3. an ACK from a client it was sent to makes it **writing**: the watermarks it moves are
-//!    handed to the offset writer; it is not redelivered and uses no attempts. When the write
-//!    is durable (AckResult DURABLE; PENDING while offset-svc fails) it is retired, its budget
-//!    returned, and its broker ACK key forwarded;
+//!    handed to the offset writer; it is not redelivered and uses no attempts (AckResult
+//!    PENDING while offset-svc fails). Once the partition's *stored* watermark covers its
+//!    offset it is retired: answered DURABLE, its budget returned, its broker ACK key
+//!    forwarded. An ACK above a still-unsettled offset is **covering** until that one settles
+//!    too — only then would a crash not bring it back, which is what DURABLE promises — and it
+//!    keeps its budget meanwhile, so what a crash can redeliver stays bounded by the budget;
 //! 4. a NACK or an ACK timeout sends it to **backoff** (the NACK's delay, or 1, 2, 4, 8, 16 s
 //!    ±20 %) and then back to ready with the next attempt, same delivery id; after the last
 //!    attempt it is **dead-lettered** to `<topic>_DLQ` (retried until that write succeeds) and
@@ -143,6 +146,8 @@ pub enum GroupCmd {
         token: u64,
         /// What happened.
         notice: WriteNotice,
+        /// The group watermark the job wrote, if it wrote one.
+        cursor: Option<(PartitionId, i64)>,
     },
     /// A dead-letter copy is durable in `<topic>_DLQ`.
     DeadLettered {
@@ -205,7 +210,12 @@ struct SessionSlot {
 
 struct PartitionTrack {
     tracker: GroupWatermark,
+    /// The highest watermark handed to the writer.
     submitted: i64,
+    /// The highest watermark known stored (CAS-max: a later write never lowers it).
+    durable: i64,
+    /// Deliveries (offset, seq) whose own write is durable, waiting for `durable` to pass them.
+    covering: BTreeSet<(i64, u64)>,
 }
 
 #[derive(Default)]
@@ -343,7 +353,11 @@ impl Group {
             } => self.settle_request(op, id, &raw_id, &client, reply_to),
             GroupCmd::Written { seq, session, at } => self.written(seq, session, at),
             GroupCmd::Pulled { batch, charge } => self.pulled(batch, charge),
-            GroupCmd::Write { token, notice } => self.write_notice(token, notice),
+            GroupCmd::Write {
+                token,
+                notice,
+                cursor,
+            } => self.write_notice(token, notice, cursor),
             GroupCmd::DeadLettered { seq } => self.dead_lettered(seq),
             GroupCmd::Stop => {}
         }
@@ -444,6 +458,8 @@ impl Group {
             PartitionTrack {
                 tracker: GroupWatermark::new(seed),
                 submitted: seed,
+                durable: seed,
+                covering: BTreeSet::new(),
             }
         })
     }
@@ -595,7 +611,10 @@ impl Group {
             return;
         }
         match (op, delivery.state) {
-            (_, DeliveryState::Writing | DeliveryState::DeadLettering) => {
+            (
+                _,
+                DeliveryState::Writing | DeliveryState::Covering | DeliveryState::DeadLettering,
+            ) => {
                 reply(
                     AckOutcome::AlreadySettled,
                     "already ACKed (or dead-lettered); settling",
@@ -697,12 +716,14 @@ impl Group {
         let (partition, offset) = (delivery.partition.clone(), delivery.offset);
         let clients = delivery.clients.clone();
         let mut entries = Vec::with_capacity(1 + clients.len());
+        let mut cursor = None;
         if let Some(track) = self.partitions.get_mut(&partition) {
             track.tracker.settle(offset);
             let watermark = track.tracker.watermark();
             if watermark >= 0 {
                 track.submitted = track.submitted.max(watermark);
                 entries.push((self.cursor_key(&partition), watermark));
+                cursor = Some((partition.clone(), watermark));
             }
         }
         for client in clients {
@@ -720,16 +741,25 @@ impl Group {
                 self.clients.remove(&key);
             }
         }
-        self.submit(seq, entries);
+        self.submit(seq, entries, cursor);
     }
 
-    fn submit(&self, token: u64, entries: Vec<(OffsetKey, i64)>) {
+    fn submit(
+        &self,
+        token: u64,
+        entries: Vec<(OffsetKey, i64)>,
+        cursor: Option<(PartitionId, i64)>,
+    ) {
         let group = self.cmd_tx.clone();
         self.shared.writer.submit(WriteJob {
             entries,
             token,
             listener: Arc::new(move |token, notice| {
-                let _ = group.send(GroupCmd::Write { token, notice });
+                let _ = group.send(GroupCmd::Write {
+                    token,
+                    notice,
+                    cursor: cursor.clone(),
+                });
             }),
         });
     }
@@ -750,12 +780,17 @@ impl Group {
         )
     }
 
-    fn write_notice(&mut self, token: u64, notice: WriteNotice) {
-        let Some(delivery) = self.deliveries.get(&token) else {
-            return; // a watermark-only flush
-        };
+    fn write_notice(
+        &mut self,
+        token: u64,
+        notice: WriteNotice,
+        cursor: Option<(PartitionId, i64)>,
+    ) {
         match notice {
             WriteNotice::Pending => {
+                let Some(delivery) = self.deliveries.get(&token) else {
+                    return; // a watermark-only flush
+                };
                 for waiter in &delivery.waiters {
                     let _ = waiter.send(result(
                         &delivery.id,
@@ -766,8 +801,57 @@ impl Group {
             }
             WriteNotice::Durable => {
                 crash_point(CrashPoint::AfterOffsetWrite);
-                self.retire(token);
+                if let Some((partition, watermark)) = cursor {
+                    self.stored(&partition, watermark);
+                }
+                self.written_durably(token);
             }
+        }
+    }
+
+    /// The watermark of `partition` is stored up to `watermark`: retires what it now covers.
+    fn stored(&mut self, partition: &PartitionId, watermark: i64) {
+        let Some(track) = self.partitions.get_mut(partition) else {
+            return;
+        };
+        track.durable = track.durable.max(watermark);
+        let mut covered = Vec::new();
+        while let Some(&(offset, seq)) = track.covering.first() {
+            if offset > track.durable {
+                break;
+            }
+            track.covering.pop_first();
+            covered.push(seq);
+        }
+        for seq in covered {
+            self.retire(seq);
+        }
+    }
+
+    /// A delivery's own offset write is durable: retired when the stored watermark covers it,
+    /// else covering until it does (or dropped unanswered when the group is ending: the
+    /// offset below it will not settle here, so it comes back to the next reader).
+    fn written_durably(&mut self, seq: u64) {
+        let Some(delivery) = self.deliveries.get_mut(&seq) else {
+            return; // a watermark-only flush, or retired already
+        };
+        let Some(track) = self.partitions.get_mut(&delivery.partition) else {
+            return;
+        };
+        if delivery.offset <= track.durable {
+            self.retire(seq);
+        } else if self.closing {
+            self.drop_unanswered(seq);
+        } else {
+            delivery.state = DeliveryState::Covering;
+            track.covering.insert((delivery.offset, seq));
+        }
+    }
+
+    /// Forgets a delivery without answering or forwarding anything; returns its budget.
+    fn drop_unanswered(&mut self, seq: u64) {
+        if let Some(delivery) = self.deliveries.remove(&seq) {
+            self.budget.release(&self.group_label(), delivery.charge);
         }
     }
 
@@ -788,7 +872,6 @@ impl Group {
 
     /// Writes watermark progress no ACK carried (skipped offsets, idle partitions).
     fn flush_watermarks(&mut self) {
-        let mut entries = Vec::new();
         let keys: Vec<PartitionId> = self.partitions.keys().cloned().collect();
         for partition in keys {
             let Some(track) = self.partitions.get_mut(&partition) else {
@@ -797,11 +880,11 @@ impl Group {
             let watermark = track.tracker.watermark();
             if watermark > track.submitted {
                 track.submitted = watermark;
-                entries.push((self.cursor_key(&partition), watermark));
+                // One job per partition, so its notice names the watermark it stored; the
+                // writer merges them into one call anyway.
+                let entries = vec![(self.cursor_key(&partition), watermark)];
+                self.submit(0, entries, Some((partition, watermark)));
             }
-        }
-        if !entries.is_empty() {
-            self.submit(0, entries);
         }
     }
 
@@ -845,6 +928,9 @@ impl Group {
             };
             match delivery.state {
                 DeliveryState::Writing | DeliveryState::DeadLettering => {}
+                // The offset below it may never settle here now (never-delivered ones are
+                // dropped): the next reader gets it again.
+                DeliveryState::Covering => self.drop_unanswered(seq),
                 _ if delivery.attempt > 1 || !delivery.clients.is_empty() => {
                     self.dead_letter(
                         seq,
@@ -852,12 +938,13 @@ impl Group {
                     );
                 }
                 _ => {
-                    if let Some(delivery) = self.deliveries.remove(&seq) {
-                        self.budget.release(&self.group_label(), delivery.charge);
-                        dropped += 1;
-                    }
+                    self.drop_unanswered(seq);
+                    dropped += 1;
                 }
             }
+        }
+        for track in self.partitions.values_mut() {
+            track.covering.clear();
         }
         tracing::info!(group = %self.key, dropped, "grace period over: delivered-but-unACKed events dead-lettered, undelivered ones left for the next reader");
     }

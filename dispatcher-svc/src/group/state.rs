@@ -29,6 +29,10 @@ pub enum DeliveryState {
     Backoff,
     /// ACKed (or dead-lettered); its offset write is not durable yet.
     Writing,
+    /// Its offset write is durable, but the partition's stored watermark is still below it
+    /// (an earlier offset is unsettled): a crash now would bring it back, so it is not
+    /// answered DURABLE yet.
+    Covering,
     /// Being written to the dead-letter topic.
     DeadLettering,
 }
