@@ -3,7 +3,9 @@
 //! * A reader (group × topic) is aligned to its group's watermark before its first poll, and
 //!   again on every `Attach` (a dispatcher that restarted lost the frames it held, so they must
 //!   be read again). If offset-svc cannot be read, polls of that reader answer UNAVAILABLE.
-//! * `Pull` long-polls up to `max_wait_ms` (capped at [`MAX_WAIT`]); `PullStream` pushes
+//! * `Pull` long-polls up to `max_wait_ms` (capped at [`MAX_WAIT`]), looking again every
+//!   [`IDLE_POLL`] — or at once when the backend signals an append to the topic (the local
+//!   log does; a broker written by others cannot); `PullStream` pushes
 //!   batches only while the dispatcher has granted credit, so back-pressure reaches the MQ. A
 //!   storage error ends the stream with its status; the dispatcher reconnects.
 //! * Bad input is INVALID_ARGUMENT naming the field; unknown topics and partitions are
@@ -237,7 +239,12 @@ impl PullerService for PullerGrpc {
         self.align(&reader, false).await?;
         let deadline = tokio::time::Instant::now()
             + Duration::from_millis(request.max_wait_ms.into()).min(MAX_WAIT);
+        let mut appends = self.storage.appends(&reader.topic);
         loop {
+            if let Some(appends) = appends.as_mut() {
+                // What is appended from here on wakes the wait below.
+                appends.borrow_and_update();
+            }
             let batch = self
                 .storage
                 .poll(&reader, partition.as_ref(), limits)
@@ -248,7 +255,13 @@ impl PullerService for PullerGrpc {
             if !batch.records.is_empty() || tokio::time::Instant::now() >= deadline {
                 return Ok(Response::new(to_response(batch)));
             }
-            tokio::time::sleep_until(deadline.min(tokio::time::Instant::now() + IDLE_POLL)).await;
+            let until = deadline.min(tokio::time::Instant::now() + IDLE_POLL);
+            match appends.as_mut() {
+                Some(appends) => {
+                    let _ = tokio::time::timeout_at(until, appends.changed()).await;
+                }
+                None => tokio::time::sleep_until(until).await,
+            }
         }
     }
 

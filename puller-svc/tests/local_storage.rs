@@ -309,6 +309,45 @@ async fn lite_channels_replay_from_their_head_for_a_fresh_reader() {
 }
 
 #[tokio::test]
+async fn appends_signal_the_waiting_readers_of_their_topic_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let storage = open(dir.path());
+    let orders = topic_with(&storage, "orders", 2, 0).await;
+    let other = topic_with(&storage, "other", 1, 0).await;
+    let mut waiting = storage.appends(&orders).unwrap();
+    let mut elsewhere = storage.appends(&other).unwrap();
+    assert!(!waiting.has_changed().unwrap());
+    storage
+        .send(&orders, Bytes::new(), event("e0"), None)
+        .await
+        .unwrap();
+    assert!(
+        waiting.has_changed().unwrap(),
+        "an append wakes the topic's readers"
+    );
+    assert!(!elsewhere.has_changed().unwrap(), "and no one else's");
+    waiting.borrow_and_update();
+    storage
+        .send_lite(&orders, "room", event("m0"))
+        .await
+        .unwrap();
+    assert!(
+        waiting.has_changed().unwrap(),
+        "a lite append counts for its parent"
+    );
+    // A failed append signals nothing.
+    elsewhere.borrow_and_update();
+    let missing = PartitionId::new("7").unwrap();
+    assert!(
+        storage
+            .send(&other, Bytes::new(), event("x"), Some(missing))
+            .await
+            .is_err()
+    );
+    assert!(!elsewhere.has_changed().unwrap());
+}
+
+#[tokio::test]
 async fn unknown_topics_and_partitions_are_not_found() {
     let dir = tempfile::tempdir().unwrap();
     let storage = open(dir.path());

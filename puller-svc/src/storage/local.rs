@@ -7,12 +7,14 @@
 //! failure half-way returns what was read and leaves the rest for the next poll (the
 //! reference's loss path L3). A read that races retention re-resolves the cursor once.
 
+use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 use eventmesh_common::frame::FrameLimits;
 use eventmesh_common::keys::{PartitionId, PullKey, Topic};
+use tokio::sync::watch;
 
 use super::{
     Appended, CoveredRange, PartitionRange, PollLimits, PolledBatch, PolledRecord, ReaderKey,
@@ -52,6 +54,18 @@ struct Inner {
     start_at: StartAt,
     limits: FrameLimits,
     cursors: Arc<CursorBook>,
+    /// Per topic with a waiting reader: bumped after each append (see `Storage::appends`).
+    appends: Mutex<HashMap<Topic, watch::Sender<u64>>>,
+}
+
+impl Inner {
+    /// Wakes the readers waiting on `topic`, if any.
+    fn appended(&self, topic: &Topic) {
+        let appends = self.appends.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(signal) = appends.get(topic) {
+            signal.send_modify(|count| *count = count.wrapping_add(1));
+        }
+    }
 }
 
 /// The embedded local backend.
@@ -75,6 +89,7 @@ impl LocalStorage {
                 start_at,
                 limits: FrameLimits::DEFAULT,
                 cursors: Arc::new(CursorBook::new(&data_dir, BACKEND)),
+                appends: Mutex::default(),
             }),
         })
     }
@@ -227,11 +242,23 @@ impl Storage for LocalStorage {
     ) -> Result<Appended, StorageError> {
         let topic = topic.clone();
         self.blocking(move |inner| {
-            Ok(inner
+            let appended = inner
                 .log
-                .append(&topic, &key, &body, partition.as_ref(), now_ms())?)
+                .append(&topic, &key, &body, partition.as_ref(), now_ms())?;
+            inner.appended(&topic);
+            Ok(appended)
         })
         .await
+    }
+
+    fn appends(&self, topic: &Topic) -> Option<watch::Receiver<u64>> {
+        let mut appends = self.inner.appends.lock().unwrap_or_else(|p| p.into_inner());
+        Some(
+            appends
+                .entry(topic.clone())
+                .or_insert_with(|| watch::channel(0).0)
+                .subscribe(),
+        )
     }
 
     async fn poll(
@@ -271,8 +298,12 @@ impl Storage for LocalStorage {
         body: Bytes,
     ) -> Result<Appended, StorageError> {
         let (parent, lite) = (parent.clone(), lite.to_owned());
-        self.blocking(move |inner| Ok(inner.log.append_lite(&parent, &lite, &body, now_ms())?))
-            .await
+        self.blocking(move |inner| {
+            let appended = inner.log.append_lite(&parent, &lite, &body, now_ms())?;
+            inner.appended(&parent);
+            Ok(appended)
+        })
+        .await
     }
 
     async fn pull_lite(

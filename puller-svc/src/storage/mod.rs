@@ -185,6 +185,14 @@ pub trait Storage: Send + Sync + 'static {
         limits: PollLimits,
     ) -> Result<PolledBatch, StorageError>;
 
+    /// A signal bumped after every append to `topic` made through this process, so an idle
+    /// long-poll wakes at once instead of on its next timer tick. Only for backends whose
+    /// records all arrive through this process (the local log); a broker others write to keeps
+    /// this default (`None`: poll on the timer).
+    fn appends(&self, _topic: &Topic) -> Option<tokio::sync::watch::Receiver<u64>> {
+        None
+    }
+
     /// Forwards a settled message to the broker where it needs an ACK; backends without a
     /// broker ACK keep this default.
     async fn ack_pulled(
