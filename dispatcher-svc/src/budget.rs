@@ -64,23 +64,15 @@ impl TopicBudget {
             }
         };
         first.forget();
-        let extra = (self.records.available_permits() as u32).min(records.saturating_sub(1));
-        if let Ok(permits) = self.records.try_acquire_many(extra) {
-            permits.forget();
-        }
-        let records = 1 + extra;
+        let records = 1 + take_up_to(&self.records, records.saturating_sub(1));
         let kib_first = match self.kib.acquire().await {
             Ok(permit) => permit,
             Err(_) => return Charge::default(),
         };
         kib_first.forget();
-        let kib_extra = (self.kib.available_permits() as u32).min(kib.saturating_sub(1));
-        if let Ok(permits) = self.kib.try_acquire_many(kib_extra) {
-            permits.forget();
-        }
         let charge = Charge {
             records,
-            kib: 1 + kib_extra,
+            kib: 1 + take_up_to(&self.kib, kib.saturating_sub(1)),
         };
         self.adjust_held(group, charge, true);
         charge
@@ -176,6 +168,23 @@ impl TopicBudget {
     }
 }
 
+/// Takes up to `wanted` permits without waiting; returns how many were taken. Counts only
+/// what was really acquired: another group may take permits between looking and taking, and
+/// charging for permits not held would let released charges grow the budget.
+fn take_up_to(semaphore: &Semaphore, wanted: u32) -> u32 {
+    loop {
+        let available = (semaphore.available_permits() as u32).min(wanted);
+        if available == 0 {
+            return 0;
+        }
+        if let Ok(permits) = semaphore.try_acquire_many(available) {
+            permits.forget();
+            return available;
+        }
+        // Someone took permits meanwhile: look again.
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
@@ -202,5 +211,43 @@ mod tests {
         assert_eq!(budget.held_by("slow"), slow);
         assert_eq!(kib_cost(0), 1);
         assert_eq!(kib_cost(1025), 2);
+    }
+
+    /// Groups reserving and releasing at once on several threads never hold more than the
+    /// budget, and every permit comes back: a reservation charges only what it acquired.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn concurrent_reservations_never_exceed_or_grow_the_budget() {
+        const RECORDS: u32 = 40;
+        const KIB: u32 = 64;
+        let budget = TopicBudget::new("t", RECORDS, KIB);
+        let tasks: Vec<_> = (0..8)
+            .map(|n| {
+                let budget = Arc::clone(&budget);
+                tokio::spawn(async move {
+                    let group = format!("g{n}");
+                    for _ in 0..10_000 {
+                        let charge = budget.reserve(&group, 10, 16).await;
+                        assert!(charge.records >= 1 && charge.records <= 10, "{charge:?}");
+                        assert!(charge.kib >= 1 && charge.kib <= 16, "{charge:?}");
+                        tokio::task::yield_now().await;
+                        budget.release(&group, charge);
+                    }
+                })
+            })
+            .collect();
+        for task in tasks {
+            task.await.unwrap();
+        }
+        assert_eq!(budget.records.available_permits(), RECORDS as usize);
+        assert_eq!(budget.kib.available_permits(), KIB as usize);
+    }
+
+    #[test]
+    fn take_up_to_counts_what_it_took() {
+        let semaphore = Semaphore::new(5);
+        assert_eq!(take_up_to(&semaphore, 3), 3);
+        assert_eq!(take_up_to(&semaphore, 10), 2);
+        assert_eq!(take_up_to(&semaphore, 10), 0);
+        assert_eq!(semaphore.available_permits(), 0);
     }
 }

@@ -836,6 +836,9 @@ impl Group {
             return; // a watermark-only flush, or retired already
         };
         let Some(track) = self.partitions.get_mut(&delivery.partition) else {
+            // Tracks live as long as the group, so this cannot happen; retiring is the
+            // answer that never leaves a delivery stuck.
+            self.retire(seq);
             return;
         };
         if delivery.offset <= track.durable {
