@@ -27,11 +27,11 @@ pub const ATTR_OFFSET: &str = "emdlqoffset";
 /// The suffix of a topic's dead-letter topic.
 pub const DLQ_SUFFIX: &str = "_DLQ";
 
-/// Limits for envelopes: a whole user frame fits as data, with room for the envelope's
+/// Limits for envelopes: a whole stamped user frame fits as data, with room for the envelope's
 /// attributes (a reason is cut to fit a value).
 pub const ENVELOPE_LIMITS: FrameLimits = FrameLimits {
-    max_frame_bytes: FrameLimits::DEFAULT.max_frame_bytes + 64 * 1024,
-    max_data_bytes: FrameLimits::DEFAULT.max_frame_bytes,
+    max_frame_bytes: FrameLimits::STAMPED.max_frame_bytes + 64 * 1024,
+    max_data_bytes: FrameLimits::STAMPED.max_frame_bytes,
     ..FrameLimits::DEFAULT
 };
 

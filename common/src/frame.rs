@@ -74,6 +74,25 @@ impl FrameLimits {
     };
 }
 
+/// Attributes the runtime may add to a user's frame after Publish checked it against
+/// [`FrameLimits::DEFAULT`]: `emmqpartition`, `emmqoffset`, `empopck`, and one spare.
+pub const RUNTIME_STAMPS: usize = 4;
+
+impl FrameLimits {
+    /// A published frame plus the runtime's stamps: what a puller encodes and a dispatcher
+    /// decodes. A frame at every user limit still fits once stamped.
+    pub const STAMPED: FrameLimits = FrameLimits::DEFAULT.stamped();
+
+    /// These limits with room for the runtime's stamps.
+    pub const fn stamped(self) -> FrameLimits {
+        FrameLimits {
+            max_frame_bytes: self.max_frame_bytes + 16 * 1024,
+            max_attributes: self.max_attributes + RUNTIME_STAMPS,
+            ..self
+        }
+    }
+}
+
 impl Default for FrameLimits {
     fn default() -> Self {
         Self::DEFAULT

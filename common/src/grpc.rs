@@ -13,10 +13,17 @@
 //!   at most the drain timeout. Liveness stays SERVING until the process exits.
 //! * [`RunningServer`]: what a service's `start` returns — the bound address, the shutdown
 //!   trigger, the task that serves and then flushes, and a loopback client channel.
+//! * [`internal_channel`]: the channel one service uses to call a co-located one — HTTP/2
+//!   keepalive while idle too (a frozen neighbour, e.g. SIGSTOPped, is noticed in about
+//!   [`KEEPALIVE_INTERVAL`] + [`KEEPALIVE_TIMEOUT`]) and a deadline on every call.
+//! * Message limits ([`pull_response_limit`], [`PUBLISH_REQUEST_LIMIT`],
+//!   [`OFFSETS_MESSAGE_LIMIT`]): every internal client and server sizes its limits from the frame
+//!   limits and the pull size, never tonic's 4 MiB default.
 
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use crate::frame::FrameLimits;
 use tokio::net::TcpListener;
 use tokio::task::{JoinError, JoinHandle};
 use tokio_util::sync::CancellationToken;
@@ -33,6 +40,60 @@ pub const HTTP2_CONNECTION_WINDOW: u32 = 16 * 1024 * 1024;
 pub const READINESS: &str = "readiness";
 /// Health service name Kubernetes liveness probes ask for.
 pub const LIVENESS: &str = "liveness";
+
+/// Keepalive ping interval on internal channels.
+pub const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(1);
+/// How long an internal channel waits for a keepalive answer before it fails its calls.
+pub const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Longest record key a puller hands over (longer keys are dead-lettered with the reason).
+pub const MAX_RECORD_KEY_BYTES: usize = 64 * 1024;
+/// What one pulled record adds around its frame and key (partition, offset, ack key, reason).
+pub const PULLED_RECORD_OVERHEAD: usize = 1024;
+/// The largest single record a pull may carry: a stamped frame at the limit (or a body to
+/// dead-letter, cut to the envelope's data limit) and its key.
+pub const MAX_PULLED_RECORD_BYTES: usize =
+    FrameLimits::STAMPED.max_frame_bytes + MAX_RECORD_KEY_BYTES + PULLED_RECORD_OVERHEAD;
+/// Most records one pull returns.
+pub const MAX_PULL_RECORDS: usize = 10_000;
+/// Most body bytes one pull aims for (at least one record always comes back).
+pub const MAX_PULL_BYTES: usize = 32 * 1024 * 1024;
+
+/// The largest PullResponse for a pull of at most `max_records` records and `max_bytes`
+/// bytes: the bytes, plus one whole record beyond them (a pull returns at least one), plus
+/// each record's overhead.
+pub fn pull_response_limit(max_records: usize, max_bytes: usize) -> usize {
+    max_bytes
+        .saturating_add(MAX_PULLED_RECORD_BYTES)
+        .saturating_add(max_records.saturating_mul(PULLED_RECORD_OVERHEAD))
+}
+
+/// The largest Publish request between services: a dead-letter envelope (any event at the
+/// frame limit plus the envelope) with its key and the request around it.
+pub const PUBLISH_REQUEST_LIMIT: usize =
+    FrameLimits::STAMPED.max_frame_bytes + 128 * 1024 + MAX_RECORD_KEY_BYTES;
+
+/// The largest offset-svc message (a topic's offsets for every client, a merged write batch).
+/// Writers split batches well below it.
+pub const OFFSETS_MESSAGE_LIMIT: usize = 256 * 1024 * 1024;
+
+/// A lazily connecting channel to a co-located service at `uri`, with keepalive and a
+/// deadline of `call_timeout` on every call.
+pub fn internal_channel(
+    uri: &str,
+    call_timeout: Duration,
+) -> Result<Channel, tonic::transport::Error> {
+    Ok(Endpoint::from_shared(uri.to_owned())?
+        .tcp_nodelay(true)
+        .initial_stream_window_size(HTTP2_STREAM_WINDOW)
+        .initial_connection_window_size(HTTP2_CONNECTION_WINDOW)
+        .http2_keep_alive_interval(KEEPALIVE_INTERVAL)
+        .keep_alive_timeout(KEEPALIVE_TIMEOUT)
+        .keep_alive_while_idle(true)
+        .connect_timeout(call_timeout)
+        .timeout(call_timeout)
+        .connect_lazy())
+}
 
 /// A server builder with the project's transport settings.
 pub fn server_builder() -> Server {

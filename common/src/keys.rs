@@ -5,7 +5,8 @@
 //! * [`Topic`]: not empty, at most 249 bytes, no `#`, no `@`, no control characters.
 //! * [`ClientId`]: not empty, at most 256 bytes, no `#`, no control characters, and not of the
 //!   reserved form `__…__` (starts and ends with two underscores).
-//! * [`GroupName`]: `[A-Za-z0-9._-]`, 1 to 128 bytes.
+//! * [`GroupName`]: `[A-Za-z0-9._-]`, 1 to 128 bytes; a BROADCAST client's own group is `~`
+//!   and its client id (a namespace of its own, so it never meets a named group).
 //! * [`PartitionId`]: one of `<n>` (Kafka, local log; `n` a non-negative 32-bit number
 //!   without leading zeros), `<brokerName>:<queueId>` (RocketMQ), or `<lite>@<queue>` (a lite
 //!   channel). Broker and lite names follow the topic rules (no `#`, `@`, `:` for brokers).
@@ -13,7 +14,8 @@
 //! Composite keys:
 //! * [`OffsetKey`] — `topic#client#partition`, where `client` is a [`ClientId`] or a
 //!   reserved MQ cursor (`__mqcursor__` for a topic's default group,
-//!   `__mqcursor@<group>__` for a named group), see [`OffsetClient`].
+//!   `__mqcursor@<group>__` for a named group), or a group's count of offsets lost to
+//!   retention (`__mqlost__`, `__mqlost@<group>__`), see [`OffsetClient`].
 //! * [`PullKey`] — `topic#partition`; a lite channel's key is therefore `parent#lite@queue`.
 
 use std::fmt;
@@ -25,12 +27,17 @@ pub const MAX_TOPIC_BYTES: usize = 249;
 pub const MAX_CLIENT_ID_BYTES: usize = 256;
 /// Longest group name, in bytes.
 pub const MAX_GROUP_BYTES: usize = 128;
+/// The first character of a BROADCAST client's own group name (never in a named group).
+pub const BROADCAST_GROUP_PREFIX: char = '~';
 /// Longest broker or lite name inside a partition id, in bytes.
 pub const MAX_PARTITION_NAME_BYTES: usize = 249;
 
 /// Reserved client id of a topic's default group MQ cursor.
 pub const MQ_CURSOR_CLIENT: &str = "__mqcursor__";
 const MQ_CURSOR_GROUP_PREFIX: &str = "__mqcursor@";
+/// Reserved client id of a topic's default group's count of offsets lost to retention.
+pub const MQ_LOST_CLIENT: &str = "__mqlost__";
+const MQ_LOST_GROUP_PREFIX: &str = "__mqlost@";
 const RESERVED_AFFIX: &str = "__";
 
 /// Why a name or key is invalid. The message names the offending value.
@@ -187,11 +194,13 @@ fn is_reserved_form(value: &str) -> bool {
 }
 
 impl GroupName {
-    /// Validates a group name.
+    /// Validates a group name: a named group (`[A-Za-z0-9._-]{1,128}`) or a BROADCAST client's
+    /// own group (`~` and the client id, which must follow the same rule).
     pub fn new(value: impl Into<String>) -> Result<Self, KeyError> {
         let value = value.into();
-        check_len("group", &value, MAX_GROUP_BYTES)?;
-        if let Some(ch) = value
+        let name = value.strip_prefix(BROADCAST_GROUP_PREFIX).unwrap_or(&value);
+        check_len("group", name, MAX_GROUP_BYTES)?;
+        if let Some(ch) = name
             .chars()
             .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')))
         {
@@ -202,6 +211,31 @@ impl GroupName {
             });
         }
         Ok(GroupName(value))
+    }
+
+    /// A named (LOAD_BALANCE) group as a client names it: the BROADCAST prefix is refused.
+    pub fn named(value: impl Into<String>) -> Result<Self, KeyError> {
+        let value = value.into();
+        if value.starts_with(BROADCAST_GROUP_PREFIX) {
+            return Err(KeyError::BadChar {
+                kind: "group",
+                value,
+                ch: BROADCAST_GROUP_PREFIX,
+            });
+        }
+        GroupName::new(value)
+    }
+
+    /// The group of a BROADCAST client: its own, in a namespace no named group can enter, so
+    /// a client id equal to a LOAD_BALANCE group's name never joins that group.
+    pub fn broadcast(client: &str) -> Result<Self, KeyError> {
+        GroupName::named(client)?;
+        GroupName::new(format!("{BROADCAST_GROUP_PREFIX}{client}"))
+    }
+
+    /// Whether this is a BROADCAST client's own group.
+    pub fn is_broadcast(&self) -> bool {
+        self.0.starts_with(BROADCAST_GROUP_PREFIX)
     }
 }
 
@@ -293,28 +327,51 @@ impl PartitionId {
     }
 }
 
-/// The client part of an [`OffsetKey`]: an application client or a group's MQ cursor.
+/// The client part of an [`OffsetKey`]: an application client, or one of a subscription
+/// group's reserved records.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum OffsetClient {
     /// An application client's ACK watermark.
     Client(ClientId),
     /// A subscription group's gap-free MQ watermark; `None` is the topic's default group.
     MqCursor(Option<GroupName>),
+    /// How many offsets retention removed before the group delivered them (a running total
+    /// per partition, written together with the watermark that passes them).
+    MqLost(Option<GroupName>),
 }
 
+/// One reserved record kind: its default group's id, named groups' prefix, and constructor.
+type ReservedRecord = (
+    &'static str,
+    &'static str,
+    fn(Option<GroupName>) -> OffsetClient,
+);
+
+/// The reserved client ids.
+const RESERVED_RECORDS: [ReservedRecord; 2] = [
+    (
+        MQ_CURSOR_CLIENT,
+        MQ_CURSOR_GROUP_PREFIX,
+        OffsetClient::MqCursor,
+    ),
+    (MQ_LOST_CLIENT, MQ_LOST_GROUP_PREFIX, OffsetClient::MqLost),
+];
+
 impl OffsetClient {
-    /// Parses an application client id or a reserved MQ cursor id (an owned `String` is
+    /// Parses an application client id or a reserved group record id (an owned `String` is
     /// moved, not copied).
     pub fn parse<S: AsRef<str> + Into<String>>(value: S) -> Result<Self, KeyError> {
         let text = value.as_ref();
-        if text == MQ_CURSOR_CLIENT {
-            return Ok(OffsetClient::MqCursor(None));
-        }
-        if let Some(group) = text
-            .strip_prefix(MQ_CURSOR_GROUP_PREFIX)
-            .and_then(|rest| rest.strip_suffix(RESERVED_AFFIX))
-        {
-            return Ok(OffsetClient::MqCursor(Some(GroupName::new(group)?)));
+        for (plain, prefix, record) in RESERVED_RECORDS {
+            if text == plain {
+                return Ok(record(None));
+            }
+            if let Some(group) = text
+                .strip_prefix(prefix)
+                .and_then(|rest| rest.strip_suffix(RESERVED_AFFIX))
+            {
+                return Ok(record(Some(GroupName::new(group)?)));
+            }
         }
         ClientId::new(value.into()).map(OffsetClient::Client)
     }
@@ -323,17 +380,40 @@ impl OffsetClient {
     pub fn mq_cursor(group: Option<GroupName>) -> Self {
         OffsetClient::MqCursor(group)
     }
+
+    /// For a reserved record: its default-group id, named-group prefix and group.
+    fn reserved(&self) -> Option<(&'static str, &'static str, Option<&GroupName>)> {
+        match self {
+            OffsetClient::Client(_) => None,
+            OffsetClient::MqCursor(group) => {
+                Some((MQ_CURSOR_CLIENT, MQ_CURSOR_GROUP_PREFIX, group.as_ref()))
+            }
+            OffsetClient::MqLost(group) => {
+                Some((MQ_LOST_CLIENT, MQ_LOST_GROUP_PREFIX, group.as_ref()))
+            }
+        }
+    }
+
+    /// Appends the id to `out` (no formatting machinery: the offset store's hot path).
+    fn encode_into(&self, out: &mut String) {
+        match (self, self.reserved()) {
+            (OffsetClient::Client(id), _) => out.push_str(id.as_str()),
+            (_, Some((plain, _, None))) => out.push_str(plain),
+            (_, Some((_, prefix, Some(group)))) => {
+                out.push_str(prefix);
+                out.push_str(group.as_str());
+                out.push_str(RESERVED_AFFIX);
+            }
+            (_, None) => {}
+        }
+    }
 }
 
 impl fmt::Display for OffsetClient {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            OffsetClient::Client(id) => f.write_str(id.as_str()),
-            OffsetClient::MqCursor(None) => f.write_str(MQ_CURSOR_CLIENT),
-            OffsetClient::MqCursor(Some(group)) => {
-                write!(f, "{MQ_CURSOR_GROUP_PREFIX}{group}{RESERVED_AFFIX}")
-            }
-        }
+        let mut encoded = String::new();
+        self.encode_into(&mut encoded);
+        f.write_str(&encoded)
     }
 }
 
@@ -379,15 +459,7 @@ impl OffsetKey {
     pub fn encode_into(&self, out: &mut String) {
         out.push_str(self.topic.as_str());
         out.push('#');
-        match &self.client {
-            OffsetClient::Client(id) => out.push_str(id.as_str()),
-            OffsetClient::MqCursor(None) => out.push_str(MQ_CURSOR_CLIENT),
-            OffsetClient::MqCursor(Some(group)) => {
-                out.push_str(MQ_CURSOR_GROUP_PREFIX);
-                out.push_str(group.as_str());
-                out.push_str(RESERVED_AFFIX);
-            }
-        }
+        self.client.encode_into(out);
         out.push('#');
         out.push_str(self.partition.as_str());
     }
@@ -513,6 +585,19 @@ mod tests {
     fn group_names_follow_the_charset() {
         assert!(GroupName::new("Group_1.a-b").is_ok());
         assert!(GroupName::new("g".repeat(128)).is_ok());
+        // BROADCAST groups live in their own namespace.
+        let own = GroupName::broadcast("billing").unwrap();
+        assert_eq!(own.as_str(), "~billing");
+        assert!(own.is_broadcast());
+        assert_ne!(own, GroupName::named("billing").unwrap());
+        assert!(GroupName::named("~billing").is_err());
+        assert!(GroupName::broadcast("~x").is_err());
+        assert!(GroupName::broadcast("a b").is_err());
+        assert_eq!(
+            GroupName::new("~billing").unwrap(),
+            own,
+            "stored keys parse back"
+        );
         for bad in ["", "a b", "a#b", "a@b", "é", &"g".repeat(129)] {
             assert!(GroupName::new(bad).is_err(), "{bad:?} accepted");
         }
@@ -579,9 +664,21 @@ mod tests {
             ),
             (
                 "orders",
-                OffsetClient::MqCursor(Some(group)),
+                OffsetClient::MqCursor(Some(group.clone())),
                 "broker-a:1",
                 "orders#__mqcursor@billing__#broker-a:1",
+            ),
+            (
+                "orders",
+                OffsetClient::MqLost(None),
+                "3",
+                "orders#__mqlost__#3",
+            ),
+            (
+                "orders",
+                OffsetClient::MqLost(Some(group)),
+                "0",
+                "orders#__mqlost@billing__#0",
             ),
         ];
         for (topic, client, partition, text) in cases {
@@ -599,6 +696,7 @@ mod tests {
             "orders#__other__#0",
             "orders#__mqcursor@bad name__#0",
             "orders#__mqcursor@__#0",
+            "orders#__mqlost@bad name__#0",
             "#c#0",
         ] {
             assert!(bad.parse::<OffsetKey>().is_err(), "{bad:?} accepted");

@@ -3,15 +3,20 @@
 //! Every pulled record a dispatcher holds — queued, in flight, awaiting its offset write — is
 //! charged to its topic's budget, in records and in KiB (at least 1 KiB per record), until it is
 //! retired. A group's pull loop reserves budget before each pull and sizes the pull to it, so
-//! when the budget is spent, pulling that topic pauses for every group: back-pressure reaches
-//! the MQ, not memory. While it is spent, the group holding the most records is reported as
-//! the one governing (`dispatcher_topic_buffer_full{topic, group}` = 1 and
-//! [`TopicBudget::governing_group`]), so an operator sees which subscriber is slow.
+//! back-pressure reaches the MQ, not memory.
+//!
+//! **Fair shares.** Each group of the topic ([`TopicBudget::join`]) may hold at most its share,
+//! the budget divided by the number of groups, so one stuck group (a client that never ACKs or
+//! never reads) pauses only itself: the topic's other groups keep their shares. A group above
+//! its share (a new group joined) waits until it is below again. While the whole budget is
+//! spent, the group holding the most records is reported as the one governing
+//! (`dispatcher_topic_buffer_full{topic, group}` = 1 and [`TopicBudget::governing_group`]),
+//! so an operator sees which subscriber is slow.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use tokio::sync::Semaphore;
+use tokio::sync::{Notify, Semaphore};
 
 /// KiB charged for a record of `bytes`.
 pub fn kib_cost(bytes: usize) -> u32 {
@@ -31,9 +36,12 @@ pub struct Charge {
 #[derive(Debug)]
 pub struct TopicBudget {
     topic: String,
+    total: Charge,
     records: Semaphore,
     kib: Semaphore,
     held: Mutex<HashMap<String, Charge>>,
+    /// Groups of the topic, each with the signal its reservation waits on for room.
+    members: Mutex<HashMap<String, Arc<Notify>>>,
     governing: Mutex<Option<String>>,
 }
 
@@ -42,16 +50,69 @@ impl TopicBudget {
     pub fn new(topic: &str, records: u32, kib: u32) -> Arc<Self> {
         Arc::new(TopicBudget {
             topic: topic.to_owned(),
+            total: Charge { records, kib },
             records: Semaphore::new(records as usize),
             kib: Semaphore::new(kib as usize),
             held: Mutex::default(),
+            members: Mutex::default(),
             governing: Mutex::default(),
         })
     }
 
-    /// Reserves up to `records` records and `kib` KiB for a pull by `group`, waiting until at
-    /// least one record and one KiB are free.
+    /// A group of the topic starts: the shares shrink.
+    pub fn join(&self, group: &str) {
+        self.lock_members()
+            .entry(group.to_owned())
+            .or_insert_with(|| Arc::new(Notify::new()));
+    }
+
+    /// A group of the topic ended: the others' shares grow.
+    pub fn leave(&self, group: &str) {
+        let mut members = self.lock_members();
+        members.remove(group);
+        for signal in members.values() {
+            signal.notify_one();
+        }
+    }
+
+    /// What one group may hold: the budget divided by the topic's groups.
+    pub fn share(&self) -> Charge {
+        let groups = self.lock_members().len().max(1) as u32;
+        Charge {
+            records: self.total.records.div_ceil(groups).max(1),
+            kib: self.total.kib.div_ceil(groups).max(1),
+        }
+    }
+
+    fn lock_members(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<Notify>>> {
+        self.members.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Room left in `group`'s share, and the signal to wait on when there is none.
+    fn room(&self, group: &str) -> (Charge, Option<Arc<Notify>>) {
+        let share = self.share();
+        let held = self.held_by(group);
+        let room = Charge {
+            records: share.records.saturating_sub(held.records),
+            kib: share.kib.saturating_sub(held.kib),
+        };
+        (room, self.lock_members().get(group).cloned())
+    }
+
+    /// Reserves up to `records` records and `kib` KiB for a pull by `group`, within its share,
+    /// waiting until at least one record and one KiB are free (in the share and the topic).
     pub async fn reserve(&self, group: &str, records: u32, kib: u32) -> Charge {
+        let (records, kib) = loop {
+            let (room, signal) = self.room(group);
+            if room.records > 0 && room.kib > 0 {
+                break (records.min(room.records), kib.min(room.kib));
+            }
+            match signal {
+                Some(signal) => signal.notified().await,
+                // Not a member (never joined): only the topic bound applies.
+                None => break (records, kib),
+            }
+        };
         let first = match self.records.try_acquire() {
             Ok(permit) => permit,
             Err(_) => {
@@ -95,6 +156,9 @@ impl TopicBudget {
         self.adjust_held(group, charge, false);
         self.records.add_permits(charge.records as usize);
         self.kib.add_permits(charge.kib as usize);
+        if let Some(signal) = self.lock_members().get(group) {
+            signal.notify_one();
+        }
         self.mark_flowing();
     }
 
@@ -240,6 +304,44 @@ mod tests {
         }
         assert_eq!(budget.records.available_permits(), RECORDS as usize);
         assert_eq!(budget.kib.available_permits(), KIB as usize);
+    }
+
+    /// One group that never returns what it holds cannot take the others' shares.
+    #[tokio::test]
+    async fn a_stuck_group_holds_only_its_share() {
+        let budget = TopicBudget::new("t", 100, 1_000);
+        budget.join("stuck");
+        budget.join("flowing");
+        assert_eq!(budget.share().records, 50);
+        let mut stuck = Charge::default();
+        for _ in 0..10 {
+            let got =
+                tokio::time::timeout(Duration::from_millis(50), budget.reserve("stuck", 30, 100))
+                    .await;
+            match got {
+                Ok(charge) => {
+                    stuck.records += charge.records;
+                    stuck.kib += charge.kib;
+                }
+                Err(_) => break, // its share is spent: it waits
+            }
+        }
+        assert_eq!(stuck.records, 50, "the stuck group stops at its share");
+        // The other group still gets its whole share, at once.
+        let flowing = tokio::time::timeout(
+            Duration::from_millis(50),
+            budget.reserve("flowing", 50, 100),
+        )
+        .await
+        .unwrap();
+        assert_eq!(flowing.records, 50);
+        budget.release("flowing", flowing);
+        // When the stuck group ends, the share of the one left grows.
+        budget.release("stuck", stuck);
+        budget.leave("stuck");
+        assert_eq!(budget.share().records, 100);
+        let all = budget.reserve("flowing", 100, 100).await;
+        assert_eq!(all.records, 100);
     }
 
     #[test]

@@ -30,6 +30,9 @@ pub struct Config {
     pub log_format: LogFormat,
     /// Longest a graceful shutdown waits for open streams, seconds.
     pub shutdown_timeout_secs: u64,
+    /// Deadline of every call to puller-svc and offset-svc, milliseconds (a frozen neighbour
+    /// also fails calls through HTTP/2 keepalive within about 3 s).
+    pub dependency_timeout_ms: u64,
     /// Delivery behaviour (the `[delivery]` table of the file).
     pub delivery: DeliverySettings,
 }
@@ -64,6 +67,13 @@ pub struct DeliverySettings {
     pub pull_batch: u32,
     /// fsync offset writes (node-loss durability).
     pub sync_offsets: bool,
+    /// Longest NACK delay a client may ask for, ms (longer ones are capped, and said so).
+    pub max_nack_delay_ms: u64,
+    /// Longest ACK-deadline extension one Extend may ask for, ms (capped likewise).
+    pub max_extend_ms: u64,
+    /// A session whose stream took none of its deliveries for this long is stalled: they go
+    /// to the group's other sessions, ms.
+    pub assign_timeout_ms: u64,
 }
 
 impl Default for Config {
@@ -77,6 +87,7 @@ impl Default for Config {
             offset_svc: "http://127.0.0.1:50053".into(),
             log_format: LogFormat::Text,
             shutdown_timeout_secs: 10,
+            dependency_timeout_ms: 5_000,
             delivery: DeliverySettings::default(),
         }
     }
@@ -98,6 +109,9 @@ impl Default for DeliverySettings {
             ack_flush_ms: 2,
             pull_batch: 512,
             sync_offsets: false,
+            max_nack_delay_ms: 600_000,
+            max_extend_ms: 600_000,
+            assign_timeout_ms: 30_000,
         }
     }
 }
@@ -121,6 +135,33 @@ impl DeliverySettings {
         Duration::from_millis((nominal as f64 * factor) as u64)
     }
 
+    /// A client's NACK / Extend within the caps; the detail says when it was capped.
+    pub fn cap(&self, op: crate::group::SettleOp) -> (crate::group::SettleOp, String) {
+        use crate::group::SettleOp;
+        let limit = |asked: Duration, max_ms: u64, what: &str| {
+            let max = Duration::from_millis(max_ms);
+            if asked > max {
+                (
+                    max,
+                    format!("{what} of {} ms capped to {max_ms} ms", asked.as_millis()),
+                )
+            } else {
+                (asked, String::new())
+            }
+        };
+        match op {
+            SettleOp::Nack(Some(delay)) => {
+                let (delay, detail) = limit(delay, self.max_nack_delay_ms, "NACK delay");
+                (SettleOp::Nack(Some(delay)), detail)
+            }
+            SettleOp::Extend(extra) => {
+                let (extra, detail) = limit(extra, self.max_extend_ms, "extension");
+                (SettleOp::Extend(extra), detail)
+            }
+            other => (other, String::new()),
+        }
+    }
+
     fn validate(&self) -> Result<(), ConfigError> {
         let positive = [
             ("ack_timeout_ms", self.ack_timeout_ms),
@@ -133,6 +174,7 @@ impl DeliverySettings {
             ("topic_buffer_records", u64::from(self.topic_buffer_records)),
             ("topic_buffer_kib", u64::from(self.topic_buffer_kib)),
             ("pull_batch", u64::from(self.pull_batch)),
+            ("assign_timeout_ms", self.assign_timeout_ms),
         ];
         for (key, value) in positive {
             if value == 0 {
@@ -220,12 +262,24 @@ pub struct Args {
     /// fsync offset writes.
     #[arg(long, env = "EM_DISPATCHER_SYNC_OFFSETS")]
     pub sync_offsets: Option<bool>,
+    /// Longest NACK delay, ms [default: 600000].
+    #[arg(long, env = "EM_DISPATCHER_MAX_NACK_DELAY_MS")]
+    pub max_nack_delay_ms: Option<u64>,
+    /// Longest single extension, ms [default: 600000].
+    #[arg(long, env = "EM_DISPATCHER_MAX_EXTEND_MS")]
+    pub max_extend_ms: Option<u64>,
+    /// Assignment timeout of a session that does not read, ms [default: 30000].
+    #[arg(long, env = "EM_DISPATCHER_ASSIGN_TIMEOUT_MS")]
+    pub assign_timeout_ms: Option<u64>,
     /// Log format [default: text].
     #[arg(long, env = "EM_DISPATCHER_LOG_FORMAT")]
     pub log_format: Option<LogFormat>,
     /// Graceful shutdown timeout, seconds [default: 10].
     #[arg(long, env = "EM_DISPATCHER_SHUTDOWN_TIMEOUT_SECS")]
     pub shutdown_timeout_secs: Option<u64>,
+    /// Deadline of calls to puller-svc and offset-svc, ms [default: 5000].
+    #[arg(long, env = "EM_DISPATCHER_DEPENDENCY_TIMEOUT_MS")]
+    pub dependency_timeout_ms: Option<u64>,
 }
 
 impl Args {
@@ -243,6 +297,19 @@ impl Args {
             &mut config.shutdown_timeout_secs,
             self.shutdown_timeout_secs,
         );
+        apply(
+            &mut config.dependency_timeout_ms,
+            self.dependency_timeout_ms,
+        );
+        if config.dependency_timeout_ms <= u64::from(crate::pulling::PULL_WAIT_MS) {
+            return Err(ConfigError::Invalid {
+                key: "dependency_timeout_ms",
+                message: format!(
+                    "must exceed the pull wait of {} ms",
+                    crate::pulling::PULL_WAIT_MS
+                ),
+            });
+        }
         let d = &mut config.delivery;
         apply(&mut d.ack_timeout_ms, self.ack_timeout_ms);
         apply(&mut d.max_attempts, self.max_attempts);
@@ -257,6 +324,9 @@ impl Args {
         apply(&mut d.ack_flush_ms, self.ack_flush_ms);
         apply(&mut d.pull_batch, self.pull_batch);
         apply(&mut d.sync_offsets, self.sync_offsets);
+        apply(&mut d.max_nack_delay_ms, self.max_nack_delay_ms);
+        apply(&mut d.max_extend_ms, self.max_extend_ms);
+        apply(&mut d.assign_timeout_ms, self.assign_timeout_ms);
         d.validate()?;
         Ok(config)
     }

@@ -87,7 +87,7 @@ pub fn encode_for_publish(mut event: Event) -> Result<(Bytes, String), Dispatche
 /// Turns a pulled, stamped frame into the client's event.
 pub fn decode_for_delivery(body: &Bytes) -> Result<Event, FrameError> {
     // Stamping adds a few attributes to a frame that met the user limits; decode with room.
-    let frame = Frame::decode(body, &eventmesh_common::dead_letter::ENVELOPE_LIMITS)?;
+    let frame = Frame::decode(body, &FrameLimits::STAMPED)?;
     let mut event = Event {
         data: frame.data.clone(),
         ..Event::default()

@@ -3,8 +3,12 @@
 //!
 //! * [`service`] — the client-facing `eventmesh.v1.EventMeshService` (Recommend, Publish,
 //!   Subscribe sessions).
+//! * [`admin`] — the operator's `eventmesh.v1.AdminService` (offset resets that no live group
+//!   writes over).
 //! * [`registry`] — the instance's subscription groups: creation (start positions, reader
-//!   realignment), lookup, and each group's pull loop.
+//!   attach), lookup, and stopping a group to change its offsets.
+//! * [`pulling`] — each group's pull loop and the continuity rule (only the log declares a
+//!   skip; a stale or second dispatcher is fenced off).
 //! * [`group`] — one group's actor: the reliable dispatcher (in-flight limits, ACK timeout,
 //!   NACK backoff, attempts, dead-lettering, reassignment, grace period).
 //! * [`watermark`] — the gap-free watermarks, the only values written to offset-svc.
@@ -17,6 +21,7 @@
 //! The ACK chain is ordered: an ACK's offset write is durable before the delivery is retired,
 //! and retired before its broker ACK is forwarded.
 
+pub mod admin;
 pub mod batching;
 pub mod broker_ack;
 pub mod budget;
@@ -28,6 +33,7 @@ pub mod error;
 pub mod event;
 pub mod group;
 pub mod offset_writer;
+pub mod pulling;
 pub mod registry;
 pub mod server;
 pub mod service;

@@ -91,6 +91,25 @@ impl OffsetWriter {
     pub fn health(&self) -> watch::Receiver<bool> {
         self.healthy.clone()
     }
+
+    /// Waits until every job submitted before this call is durable (the writer works through
+    /// its queue in order). `false` when the writer stopped first.
+    pub async fn barrier(&self) -> bool {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let tx = std::sync::Mutex::new(Some(tx));
+        self.submit(WriteJob {
+            entries: Vec::new(),
+            token: 0,
+            listener: Arc::new(move |_, notice| {
+                if notice == WriteNotice::Durable
+                    && let Some(tx) = tx.lock().unwrap_or_else(|p| p.into_inner()).take()
+                {
+                    let _ = tx.send(());
+                }
+            }),
+        });
+        rx.await.is_ok()
+    }
 }
 
 async fn run(
@@ -125,7 +144,7 @@ async fn run(
         let request = merged(&queue, sync);
         let entries = request.entries.len();
         let started = Instant::now();
-        match client.write_offsets(request).await {
+        match write_in_chunks(&mut client, request).await {
             Ok(_) => {
                 metrics::histogram!("dispatcher_offset_write_seconds")
                     .record(started.elapsed().as_secs_f64());
@@ -156,6 +175,29 @@ async fn run(
             }
         }
     }
+}
+
+/// Most entries per WriteOffsets call (offset-svc refuses more than 100,000); a merged batch
+/// above it goes out in several calls, every job told only once all of them succeeded (a
+/// retry after a partial failure repeats CAS-max writes, which is harmless).
+const WRITE_CHUNK: usize = 50_000;
+
+async fn write_in_chunks(
+    client: &mut OffsetServiceClient<Channel>,
+    request: WriteOffsetsRequest,
+) -> Result<(), tonic::Status> {
+    if request.entries.len() <= WRITE_CHUNK {
+        return client.write_offsets(request).await.map(|_| ());
+    }
+    for chunk in request.entries.chunks(WRITE_CHUNK) {
+        client
+            .write_offsets(WriteOffsetsRequest {
+                entries: chunk.to_vec(),
+                sync: request.sync,
+            })
+            .await?;
+    }
+    Ok(())
 }
 
 /// One request for every queued job: the highest value per key.

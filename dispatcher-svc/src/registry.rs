@@ -4,54 +4,58 @@
 //! Creating a group (the first session of `(topic, group)` on this instance):
 //! 1. the topic is created if missing (idempotent);
 //! 2. the group's stored watermarks are read from offset-svc;
-//! 3. the start position is applied to every partition where the group has neither a stored
-//!    watermark nor a reader cursor (a group that existed before resumes) —
-//!    `LATEST` and the default start at the partition's end (the instance's live position),
-//!    `EARLIEST` at its oldest retained offset — by storing the watermark just below it; a
-//!    partition with stored progress always resumes at `W + 1` (nothing un-ACKed is skipped,
-//!    nothing ACKed replayed; operators use offset resets to move a group);
-//! 4. `Attach` makes puller-svc realign the group's reader to those watermarks, so frames it
-//!    handed to an earlier dispatcher process are pulled again;
-//! 5. the group actor starts, seeded with the watermarks, and its pull loop starts.
+//! 3. every partition gets its position: `W + 1` where a watermark is stored (nothing un-ACKed
+//!    is skipped, nothing ACKed replayed; operators use offset resets to move a group), else
+//!    the start — `LATEST` and the default at the partition's end (the instance's live
+//!    position), `EARLIEST` and `STORED` at its oldest retained offset — recorded first by
+//!    storing the watermark just below it (`-1` for offset 0: a start marker), so a restart
+//!    before any ACK resumes there instead of starting again;
+//! 4. `Attach` gives the group's reader in puller-svc exactly those positions and a new
+//!    generation (frames handed to an earlier dispatcher process are pulled again; an earlier
+//!    holder's pulls are refused from now on);
+//! 5. the group actor starts, seeded with the positions, and its pull loop
+//!    ([`crate::pulling`]) starts.
 //!
-//! The pull loop reserves topic budget, long-polls the group's reader, and hands each batch to
-//! the actor. It pauses while the group has no session or offset writes are failing, and ends
-//! with the group. Nothing it pulled is dropped: a batch the actor cannot take any more (the
-//! group ended) was never settled, so the reader gets it again.
+//! Stopping a group for a change of its stored offsets ([`Shared::rewind`], operator resets)
+//! holds group creation, ends the group, waits until everything it wrote is durable, changes
+//! the offsets, and only then lets the group be created again — so no live group ever writes
+//! over the change.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use eventmesh_common::grpc;
 use eventmesh_common::keys::{GroupName, OffsetClient, PartitionId, Topic};
 use eventmesh_common::shutdown::CancellationToken;
 use eventmesh_proto::client::StartPosition;
 use eventmesh_proto::offset::offset_service_client::OffsetServiceClient;
-use eventmesh_proto::offset::{OffsetEntry, ReadTopicOffsetsRequest, WriteOffsetsRequest};
+use eventmesh_proto::offset::{
+    OffsetEntry, OffsetSelector, ReadTopicOffsetsRequest, ResetOffsetsRequest, WriteOffsetsRequest,
+};
 use eventmesh_proto::puller::puller_service_client::PullerServiceClient;
 use eventmesh_proto::puller::{
-    AttachRequest, CreateTopicRequest, CursorsRequest, EndOffsetsRequest, GroupTopic, PullRequest,
+    AttachRequest, CreateTopicRequest, EndOffsetsRequest, GroupTopic, PastEnd,
 };
 use tokio::sync::{mpsc, oneshot, watch};
 use tonic::transport::Channel;
 
 use crate::batching::Backoff;
 use crate::broker_ack::BrokerAcker;
-use crate::budget::{TopicBudget, kib_cost};
+use crate::budget::TopicBudget;
 use crate::config::DeliverySettings;
 use crate::dead_letters::DeadLetterWriter;
 use crate::error::DispatcherError;
-use crate::group::{self, GroupCmd, GroupInit, PullGate, SessionLink};
+use crate::group::{self, GroupCmd, GroupInit, SessionLink};
 use crate::offset_writer::OffsetWriter;
+use crate::pulling::{Positions, pull_loop, reader_positions, rewind_targets};
 
-/// Longest a pull waits for records.
-const PULL_WAIT_MS: u32 = 500;
-/// KiB asked for per pull at most.
-const PULL_KIB: u32 = 8 * 1024;
 /// Calls made while creating a group give up after this.
 const CREATE_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a stop for an offset change waits for the group to end.
+const STOP_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// A subscription group on a topic.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -98,6 +102,16 @@ pub struct GroupHandle {
     pub key: GroupKey,
     /// Its actor.
     pub commands: mpsc::UnboundedSender<GroupCmd>,
+    /// Becomes `true` when the actor has ended.
+    pub ended: watch::Receiver<bool>,
+}
+
+impl GroupHandle {
+    /// Waits until the actor has ended.
+    pub async fn wait_ended(&self) {
+        let mut ended = self.ended.clone();
+        let _ = ended.wait_for(|ended| *ended).await;
+    }
 }
 
 #[derive(Default)]
@@ -127,7 +141,7 @@ pub struct Shared {
     budgets: Mutex<HashMap<Topic, Arc<TopicBudget>>>,
     next_group: AtomicU64,
     next_session: AtomicU64,
-    shutdown: CancellationToken,
+    pub(crate) shutdown: CancellationToken,
 }
 
 /// Channels and helpers [`Shared`] is built from.
@@ -151,6 +165,10 @@ pub struct SharedParts {
 impl Shared {
     /// Builds the shared state.
     pub fn new(parts: SharedParts) -> Arc<Self> {
+        let pull_limit = grpc::pull_response_limit(
+            parts.settings.pull_batch as usize,
+            crate::pulling::PULL_KIB as usize * 1024,
+        );
         Arc::new(Shared {
             settings: parts.settings,
             epoch: rand::random::<u64>() >> 1,
@@ -158,8 +176,11 @@ impl Shared {
             writer: parts.writer,
             broker_acks: parts.broker_acks,
             dead_letters: DeadLetterWriter::new(parts.puller.clone()),
-            puller: PullerServiceClient::new(parts.puller),
-            offsets: OffsetServiceClient::new(parts.offsets),
+            // A pull answer is bounded by the pull size this instance asks for plus one whole
+            // record; offset reads by offset-svc's own limit.
+            puller: PullerServiceClient::new(parts.puller).max_decoding_message_size(pull_limit),
+            offsets: OffsetServiceClient::new(parts.offsets)
+                .max_decoding_message_size(grpc::OFFSETS_MESSAGE_LIMIT),
             groups: Mutex::default(),
             creating: tokio::sync::Mutex::new(()),
             budgets: Mutex::default(),
@@ -172,6 +193,52 @@ impl Shared {
     /// A puller client.
     pub fn puller(&self) -> PullerServiceClient<Channel> {
         self.puller.clone()
+    }
+
+    /// An offset-svc client.
+    pub fn offsets(&self) -> OffsetServiceClient<Channel> {
+        self.offsets.clone()
+    }
+
+    /// The offset-svc key of a group's watermark in one partition.
+    pub fn cursor_key(
+        &self,
+        key: &GroupKey,
+        partition: &PartitionId,
+    ) -> eventmesh_proto::offset::OffsetKey {
+        eventmesh_proto::offset::OffsetKey {
+            topic: key.topic.to_string(),
+            client_id: OffsetClient::MqCursor(key.group.clone()).to_string(),
+            partition: partition.to_string(),
+        }
+    }
+
+    /// Attaches the group's reader at `positions`; returns the reader's new generation.
+    pub async fn attach(
+        &self,
+        key: &GroupKey,
+        positions: &BTreeMap<PartitionId, i64>,
+    ) -> Result<u64, DispatcherError> {
+        let response = self
+            .puller()
+            .attach(AttachRequest {
+                dispatcher_id: self.instance_id.clone(),
+                readers: vec![key.reader()],
+                positions: vec![reader_positions(key, positions)],
+            })
+            .await
+            .map_err(|status| DispatcherError::dependency("puller-svc", status))?
+            .into_inner();
+        response
+            .generations
+            .first()
+            .map(|g| g.generation)
+            .ok_or_else(|| {
+                DispatcherError::dependency(
+                    "puller-svc",
+                    tonic::Status::internal("Attach answered without a generation"),
+                )
+            })
     }
 
     /// A fresh session id.
@@ -306,86 +373,75 @@ impl Shared {
                 stored.insert(partition, entry.offset);
             }
         }
-        // Partitions the group's reader already has a cursor in: the group existed (a
-        // dispatcher restart, a group that came back); it resumes, the start does not apply.
-        let known: std::collections::HashSet<String> = puller
-            .cursors(CursorsRequest {
+        let mut lost: HashMap<PartitionId, i64> = HashMap::new();
+        for entry in offsets
+            .read_topic_offsets(ReadTopicOffsetsRequest {
                 topic: key.topic.to_string(),
-                group: key.reader().group,
+                client_id: OffsetClient::MqLost(key.group.clone()).to_string(),
+            })
+            .await
+            .map_err(offset_error)?
+            .into_inner()
+            .entries
+        {
+            if let Some(partition) = entry.key.and_then(|k| PartitionId::new(k.partition).ok()) {
+                lost.insert(partition, entry.offset.max(0));
+            }
+        }
+        let ranges = puller
+            .end_offsets(EndOffsetsRequest {
+                topic: key.topic.to_string(),
             })
             .await
             .map_err(puller_error)?
             .into_inner()
-            .cursors
-            .into_iter()
-            .map(|c| c.partition)
-            .collect();
-        if start != StartPosition::Stored {
-            let ranges = puller
-                .end_offsets(EndOffsetsRequest {
-                    topic: key.topic.to_string(),
-                })
-                .await
-                .map_err(puller_error)?
-                .into_inner()
-                .partitions;
-            let mut entries = Vec::new();
-            for range in ranges {
-                let Ok(partition) = PartitionId::new(range.partition.clone()) else {
-                    continue;
-                };
-                if stored.contains_key(&partition) || known.contains(&range.partition) {
-                    continue;
-                }
-                let first = match start {
-                    StartPosition::Earliest => range.start,
-                    _ => range.end,
-                };
-                if first > 0 {
-                    stored.insert(partition, first - 1);
-                    entries.push(OffsetEntry {
-                        key: Some(eventmesh_proto::offset::OffsetKey {
-                            topic: key.topic.to_string(),
-                            client_id: cursor_client.clone(),
-                            partition: range.partition,
-                        }),
+            .partitions;
+        let mut positions = BTreeMap::new();
+        let mut markers = Vec::new();
+        for range in ranges {
+            let Ok(partition) = PartitionId::new(range.partition.clone()) else {
+                continue;
+            };
+            let next = match stored.get(&partition) {
+                Some(watermark) => watermark + 1,
+                None => {
+                    let first = match start {
+                        StartPosition::Earliest | StartPosition::Stored => range.start,
+                        StartPosition::Latest | StartPosition::Unspecified => range.end,
+                    };
+                    markers.push(OffsetEntry {
+                        key: Some(self.cursor_key(key, &partition)),
                         offset: first - 1,
                     });
+                    first
                 }
-            }
-            if !entries.is_empty() {
-                offsets
-                    .write_offsets(WriteOffsetsRequest {
-                        entries,
-                        sync: self.settings.sync_offsets,
-                    })
-                    .await
-                    .map_err(offset_error)?;
-            }
+            };
+            positions.insert(partition, next);
         }
-        let cursors = puller
-            .attach(AttachRequest {
-                dispatcher_id: self.instance_id.clone(),
-                readers: vec![key.reader()],
-            })
-            .await
-            .map_err(puller_error)?
-            .into_inner()
-            .cursors;
-        let mut seeds = stored;
-        for cursor in cursors {
-            if let Ok(partition) = PartitionId::new(cursor.partition) {
-                seeds.entry(partition).or_insert(cursor.next_offset - 1);
-            }
+        if !markers.is_empty() {
+            offsets
+                .write_offsets(WriteOffsetsRequest {
+                    entries: markers,
+                    sync: self.settings.sync_offsets,
+                })
+                .await
+                .map_err(offset_error)?;
         }
+        let generation = self.attach(key, &positions).await?;
+        let seeds = positions
+            .iter()
+            .map(|(p, next)| (p.clone(), next - 1))
+            .collect();
         let number = self.next_group.fetch_add(1, Ordering::Relaxed);
         let budget = self.budget(&key.topic);
-        let (commands, gate, _task) = group::spawn(
+        budget.join(&key.label());
+        let (commands, gate, ended) = group::spawn(
             Arc::clone(self),
             GroupInit {
                 key: key.clone(),
                 number,
                 seeds,
+                lost,
                 budget: Arc::clone(&budget),
             },
         );
@@ -395,92 +451,182 @@ impl Shared {
             commands.clone(),
             gate,
             budget,
+            Positions {
+                next: positions,
+                generation,
+            },
         ));
         let handle = GroupHandle {
             number,
             key: key.clone(),
             commands,
+            ended,
         };
         let mut groups = self.lock_groups();
         groups.by_key.insert(key.clone(), handle.clone());
         groups.by_number.insert(number, handle.clone());
-        tracing::info!(group = %key, number, ?start, "subscription group created and its reader realigned");
+        tracing::info!(group = %key, number, ?start, "subscription group created; its reader attached");
         Ok(handle)
     }
-}
 
-/// Waits until the gate opens; `false` when the group ended.
-async fn gate_open(gate: &mut watch::Receiver<PullGate>) -> bool {
-    loop {
-        match *gate.borrow_and_update() {
-            PullGate::Open => return true,
-            PullGate::Closed => return false,
-            PullGate::Paused => {}
+    /// Ends the live groups of `keys` with `status` for their sessions and waits until they
+    /// ended and everything they wrote is durable. Returns how many sessions were ended, or
+    /// `None` when that did not happen in time (offset-svc down): then nothing may be changed.
+    /// Call with group creation held.
+    async fn stop_for_change(&self, keys: &[GroupKey], status: tonic::Status) -> Option<u32> {
+        let mut sessions = 0;
+        for key in keys {
+            let Some(handle) = self.group(key) else {
+                continue;
+            };
+            let (reply, count) = oneshot::channel();
+            let _ = handle.commands.send(GroupCmd::End {
+                status: status.clone(),
+                reply: Some(reply),
+            });
+            if tokio::time::timeout(STOP_TIMEOUT, handle.wait_ended())
+                .await
+                .is_err()
+            {
+                tracing::error!(group = %key, "group did not end in time for an offset change");
+                return None;
+            }
+            sessions += count.await.unwrap_or(0);
         }
-        if gate.changed().await.is_err() {
-            return false;
-        }
+        // The writer works through its queue in order: once this empty job is durable, so
+        // is everything the groups submitted before they ended.
+        matches!(
+            tokio::time::timeout(STOP_TIMEOUT, self.writer.barrier()).await,
+            Ok(true)
+        )
+        .then_some(sessions)
     }
-}
 
-async fn pull_loop(
-    shared: Arc<Shared>,
-    key: GroupKey,
-    group: mpsc::UnboundedSender<GroupCmd>,
-    mut gate: watch::Receiver<PullGate>,
-    budget: Arc<TopicBudget>,
-) {
-    let label = key.label();
-    let mut puller = shared.puller();
-    let mut backoff = Backoff::default();
-    let batch = shared.settings.pull_batch;
-    loop {
-        let open = tokio::select! {
-            open = gate_open(&mut gate) => open,
-            () = shared.shutdown.cancelled() => false,
+    /// Operator reset of a topic's stored offsets, routed through this instance (see
+    /// `AdminService.ResetOffsets`): the groups it concerns are ended and their writes made
+    /// durable first, so none writes over it. Returns each changed partition with its previous
+    /// value, and the sessions ended.
+    pub async fn reset_offsets(
+        &self,
+        topic: &Topic,
+        client: OffsetClient,
+        partition: Option<PartitionId>,
+        offset: i64,
+        reason: &str,
+    ) -> Result<(Vec<(String, i64)>, u32), DispatcherError> {
+        let _creating = self.creating.lock().await;
+        let keys: Vec<GroupKey> = match &client {
+            OffsetClient::MqCursor(group) | OffsetClient::MqLost(group) => vec![GroupKey {
+                topic: topic.clone(),
+                group: group.clone(),
+            }],
+            // A client's offsets are written by every group it has sessions in.
+            OffsetClient::Client(_) => self
+                .lock_groups()
+                .by_key
+                .keys()
+                .filter(|key| key.topic == *topic)
+                .cloned()
+                .collect(),
         };
-        if !open {
+        let status = tonic::Status::unavailable(format!(
+            "offsets of topic {topic} are being reset by an operator ({reason}); reconnect"
+        ));
+        let Some(sessions) = self.stop_for_change(&keys, status).await else {
+            return Err(DispatcherError::dependency(
+                "offset-svc",
+                tonic::Status::unavailable(
+                    "the groups' last writes did not become durable in time; nothing was reset",
+                ),
+            ));
+        };
+        let request = ResetOffsetsRequest {
+            selector: Some(OffsetSelector {
+                topic: topic.to_string(),
+                client_id: client.to_string(),
+                partition: partition.map(|p| p.to_string()).unwrap_or_default(),
+            }),
+            offset,
+            reason: format!("{reason} (through dispatcher {})", self.instance_id),
+        };
+        let previous = self
+            .offsets()
+            .reset_offsets(request)
+            .await
+            .map_err(|status| DispatcherError::dependency("offset-svc", status))?
+            .into_inner()
+            .previous
+            .into_iter()
+            .map(|entry| {
+                (
+                    entry.key.map(|k| k.partition).unwrap_or_default(),
+                    entry.offset,
+                )
+            })
+            .collect();
+        tracing::warn!(%topic, %client, offset, reason, sessions, "operator reset applied; the groups concerned start again from it");
+        Ok((previous, sessions))
+    }
+
+    /// Some partitions of a group's topic lie below the group's position (the topic was
+    /// recreated, or the broker lost records): new events there would otherwise be taken as
+    /// settled. The rule (DECISIONS.md): the group restarts those partitions at their log
+    /// start — its sessions are told to reconnect, its stored watermark there is reset to just
+    /// below the log start, and the rewind is counted and logged.
+    pub async fn rewind(self: Arc<Self>, key: GroupKey, past_end: Vec<PastEnd>) {
+        let _creating = self.creating.lock().await;
+        let targets = rewind_targets(&past_end);
+        let described: Vec<String> = targets
+            .iter()
+            .map(|(p, start, past)| {
+                format!(
+                    "{p}: position {} past the log end {} (log start {start})",
+                    past.position, past.log_end
+                )
+            })
+            .collect();
+        tracing::error!(group = %key, partitions = ?described, "partitions restarted below the group's position (topic recreated?): the group rewinds them to their log start");
+        let stopped = self
+            .stop_for_change(
+                std::slice::from_ref(&key),
+                tonic::Status::unavailable(format!(
+                    "subscription group {key} restarts: its topic's log restarted below the group's position (recreated?); reconnect"
+                )),
+            )
+            .await;
+        if stopped.is_none() {
+            // The group finds the partition past its end again when it is next created.
+            tracing::error!(group = %key, "the group's writes did not become durable in time; the rewind is tried again when the group is next created");
             return;
         }
-        let mut charge = tokio::select! {
-            charge = budget.reserve(&label, batch, PULL_KIB) => charge,
-            () = shared.shutdown.cancelled() => return,
-        };
-        let request = PullRequest {
-            reader: Some(key.reader()),
-            partition: String::new(),
-            max_records: charge.records,
-            max_bytes: charge.kib.saturating_mul(1024),
-            max_wait_ms: PULL_WAIT_MS,
-        };
-        match puller.pull(request).await {
-            Ok(response) => {
-                backoff.reset();
-                let pulled = response.into_inner();
-                let kib: u32 = pulled.records.iter().map(|r| kib_cost(r.frame.len())).sum();
-                if kib > charge.kib {
-                    budget.charge_more_kib(&label, kib - charge.kib).await;
-                    charge.kib = kib;
+        for (partition, start, past) in targets {
+            let reason = format!(
+                "dispatcher {}: partition {partition} of {} restarted below group {}'s position {} (log {}..{}); rewound to the log start",
+                self.instance_id,
+                key.topic,
+                key.label(),
+                past.position,
+                past.log_start,
+                past.log_end
+            );
+            let request = ResetOffsetsRequest {
+                selector: Some(OffsetSelector {
+                    topic: key.topic.to_string(),
+                    client_id: OffsetClient::MqCursor(key.group.clone()).to_string(),
+                    partition: partition.to_string(),
+                }),
+                offset: start - 1,
+                reason,
+            };
+            match self.offsets().reset_offsets(request).await {
+                Ok(_) => {
+                    metrics::counter!("dispatcher_partition_rewinds_total", "topic" => key.topic.to_string())
+                        .increment(1);
                 }
-                metrics::counter!("dispatcher_pulled_records_total", "topic" => key.topic.to_string())
-                    .increment(pulled.records.len() as u64);
-                if group
-                    .send(GroupCmd::Pulled {
-                        batch: pulled,
-                        charge,
-                    })
-                    .is_err()
-                {
-                    budget.release(&label, charge);
-                    return;
-                }
-            }
-            Err(status) => {
-                budget.release(&label, charge);
-                tracing::warn!(group = %key, code = ?status.code(), message = status.message(), "pull failed; retrying");
-                tokio::select! {
-                    () = tokio::time::sleep(backoff.next_delay()) => {}
-                    () = shared.shutdown.cancelled() => return,
+                Err(status) => {
+                    // The group finds the partition past its end again when it is next
+                    // created, and rewinds again.
+                    tracing::error!(group = %key, %partition, code = ?status.code(), message = status.message(), "rewinding the group's watermark failed; tried again when the group is next created");
                 }
             }
         }

@@ -12,12 +12,14 @@ use std::time::Duration;
 
 use eventmesh_common::grpc;
 use eventmesh_common::shutdown::CancellationToken;
+use eventmesh_proto::client::admin_service_server::AdminServiceServer;
 use eventmesh_proto::client::event_mesh_service_server::EventMeshServiceServer;
 use tokio::net::TcpListener;
 use tonic::server::NamedService;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 use tonic_health::ServingStatus;
 
+use crate::admin::AdminGrpc;
 use crate::broker_ack::BrokerAcker;
 use crate::config::Config;
 use crate::offset_writer::OffsetWriter;
@@ -67,17 +69,16 @@ impl From<tokio::task::JoinError> for ServerError {
 /// A started dispatcher.
 pub type RunningServer = grpc::RunningServer<ServerError>;
 
-fn lazy_channel(name: &'static str, value: &str) -> Result<Channel, ServerError> {
-    Ok(Endpoint::from_shared(value.to_owned())
-        .map_err(|source| ServerError::Endpoint {
-            name,
-            value: value.to_owned(),
-            source,
-        })?
-        .tcp_nodelay(true)
-        .initial_stream_window_size(grpc::HTTP2_STREAM_WINDOW)
-        .initial_connection_window_size(grpc::HTTP2_CONNECTION_WINDOW)
-        .connect_lazy())
+fn lazy_channel(
+    name: &'static str,
+    value: &str,
+    call_timeout: Duration,
+) -> Result<Channel, ServerError> {
+    grpc::internal_channel(value, call_timeout).map_err(|source| ServerError::Endpoint {
+        name,
+        value: value.to_owned(),
+        source,
+    })
 }
 
 /// Starts an instance per `config`; it serves until `shutdown` is cancelled. Returns the
@@ -93,8 +94,9 @@ pub async fn start(
     let listener = TcpListener::bind(config.listen).await.map_err(bind_error)?;
     let local_addr = listener.local_addr().map_err(bind_error)?;
     // Lazy: the dispatcher starts while its neighbours are still coming up.
-    let puller = lazy_channel("puller", &config.puller)?;
-    let offsets = lazy_channel("offset_svc", &config.offset_svc)?;
+    let call_timeout = Duration::from_millis(config.dependency_timeout_ms);
+    let puller = lazy_channel("puller", &config.puller, call_timeout)?;
+    let offsets = lazy_channel("offset_svc", &config.offset_svc, call_timeout)?;
     let window = Duration::from_millis(config.delivery.ack_flush_ms);
     let workers = CancellationToken::new();
     let (writer, writer_task) = OffsetWriter::spawn(
@@ -131,6 +133,7 @@ pub async fn start(
             .max_decoding_message_size(MAX_MESSAGE_BYTES)
             .max_encoding_message_size(MAX_MESSAGE_BYTES),
     );
+    let router = router.add_service(AdminServiceServer::new(AdminGrpc::new(Arc::clone(&shared))));
     let name = <EventMeshServiceServer<EventMeshGrpc> as NamedService>::NAME;
     grpc::mark_serving(&health, name).await;
     // Readiness follows the offset writer.

@@ -85,22 +85,20 @@ pub fn validate_open(
     let mode = SubscriptionMode::try_from(open.mode)
         .map_err(|_| FieldError::new("open.mode", format!("unknown mode {}", open.mode)))?;
     let group = match mode {
-        SubscriptionMode::Broadcast => {
-            Some(GroupName::new(open.client_id.clone()).map_err(|e| {
-                FieldError::new(
-                    "open.client_id",
-                    format!(
-                        "BROADCAST makes the client id the group name, which it cannot be: {e}"
-                    ),
-                )
-            })?)
-        }
+        SubscriptionMode::Broadcast => Some(GroupName::broadcast(&open.client_id).map_err(|e| {
+            FieldError::new(
+                "open.client_id",
+                format!(
+                    "BROADCAST gives the client a group of its own named after its id, which must follow the group-name rule: {e}"
+                ),
+            )
+        })?),
         SubscriptionMode::LoadBalance | SubscriptionMode::Unspecified => {
             if open.group.is_empty() {
                 None
             } else {
                 Some(
-                    GroupName::new(open.group.clone())
+                    GroupName::named(open.group.clone())
                         .map_err(|e| FieldError::new("open.group", e))?,
                 )
             }
@@ -315,6 +313,10 @@ impl SessionTask {
                     let item = match outbound {
                         Outbound::Delivery { message, seq, group } => Item::Delivery { message, seq, group },
                         Outbound::Result(result) => response(subscribe_response::Kind::AckResult(result)),
+                        Outbound::End(status) => {
+                            let _ = self.responses.send(Item::Response(Box::new(Err(status)))).await;
+                            return;
+                        }
                     };
                     // Waits while the client does not read: then its messages are not read
                     // either, which bounds what it can make us queue.

@@ -12,7 +12,6 @@ use std::time::Duration;
 
 use eventmesh_common::dead_letter::DeadLetter;
 use eventmesh_proto::client::SubscriptionMode;
-use eventmesh_proto::puller::{GroupTopic, PullRequest};
 use eventmesh_testkit::KafkaBroker as Broker;
 use puller_svc::cursors::StartAt;
 use puller_svc::storage::Storage;
@@ -66,26 +65,13 @@ async fn unacked_event_is_redelivered_then_dead_lettered_on_kafka() {
         [1, 2]
     );
 
-    let mut puller_client =
-        eventmesh_proto::puller::puller_service_client::PullerServiceClient::new(lazy(
-            puller.local_addr(),
-        ));
     let dlq = format!("{topic}_DLQ");
     let mut letters = Vec::new();
+    let mut reader = TopicReader::new(puller.local_addr(), "dlq-reader", &dlq);
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     while letters.is_empty() && tokio::time::Instant::now() < deadline {
-        if let Ok(batch) = puller_client
-            .pull(PullRequest {
-                reader: Some(GroupTopic {
-                    group: "dlq-reader".into(),
-                    topic: dlq.clone(),
-                }),
-                max_wait_ms: 500,
-                ..PullRequest::default()
-            })
-            .await
-        {
-            letters.extend(batch.into_inner().records);
+        if let Ok(batch) = reader.pull(500).await {
+            letters.extend(batch);
         } else {
             tokio::time::sleep(Duration::from_millis(200)).await;
         }

@@ -42,7 +42,9 @@ pub enum Error {
     #[error("stored key {0:?} is not a valid offset key")]
     CorruptKey(String),
     /// A write of a negative offset.
-    #[error("offset {offset} for {key} is negative; offsets are MQ offsets >= 0")]
+    #[error(
+        "offset {offset} for {key} is below -1; offsets are MQ offsets >= 0 (or -1: a start marker)"
+    )]
     NegativeOffset {
         /// The key.
         key: String,

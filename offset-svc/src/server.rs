@@ -24,8 +24,9 @@ use crate::rocks::{OpenMode, RocksDbOffsetStore};
 use crate::service::OffsetGrpc;
 use crate::store::OffsetStore;
 
-/// Largest request or response message, bytes (a full batch of long keys fits).
-pub const MAX_MESSAGE_BYTES: usize = 64 * 1024 * 1024;
+/// Largest request or response message, bytes: a full batch of long keys, or a topic's
+/// offsets for every client, fits.
+pub const MAX_MESSAGE_BYTES: usize = grpc::OFFSETS_MESSAGE_LIMIT;
 
 /// A started offset-svc.
 pub type RunningServer = grpc::RunningServer<Error>;

@@ -75,10 +75,13 @@ impl OffsetGrpc {
             .enumerate()
             .map(|(i, entry)| {
                 let key = parse_key(|| format!("entries[{i}].key"), entry.key)?;
-                if entry.offset < 0 {
+                if entry.offset < -1 {
                     return Err(FieldError::new(
                         format!("entries[{i}].offset"),
-                        format!("{} is negative; offsets are MQ offsets >= 0", entry.offset),
+                        format!(
+                            "{} is below -1; offsets are MQ offsets >= 0 (or -1: a start marker)",
+                            entry.offset
+                        ),
                     ));
                 }
                 Ok((key, entry.offset))

@@ -5,7 +5,11 @@
 //!   value is a no-op and never a regression. A batch is applied atomically and, for the
 //!   durable store, survives a process crash once the call returns `Ok`; `sync` also fsyncs
 //!   the write-ahead log. A write that fails returns `Err` and changes nothing visible.
-//! * [`OffsetStore::read_offset`] of an unknown key is `-1`.
+//! * [`OffsetStore::read_offset`] of an unknown key is `-1`. Writing `-1` creates a key that
+//!   reads `-1` but is listed: a subscription group's start marker ("starts at offset 0,
+//!   nothing settled yet"), so a later start does not mistake the group for a new one.
+//! * Writes never race an operator change: a reset or delete takes the table exclusively
+//!   (writers share it), so what RocksDB holds and what the index answers never differ.
 //! * Only the operator calls [`OffsetStore::reset`] and [`OffsetStore::delete`] can lower or
 //!   remove a value; both require a reason and log every key they touch.
 //!
@@ -27,6 +31,8 @@ use crate::error::Error;
 
 /// The value of a key nobody has written.
 pub const UNKNOWN_OFFSET: i64 = -1;
+/// Below every storable value: a key not in the table, inside a write batch.
+const ABSENT: i64 = i64::MIN;
 
 /// The result of one entry of a write batch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -153,11 +159,19 @@ pub trait Persistence: Send + Sync + 'static {
 pub struct TableStore<P> {
     table: MaxTable,
     persistence: P,
+    /// Writers share it; an operator change takes it alone, so a raise can never land
+    /// between an operator's persisted put and its update of the index (or the other way
+    /// round), which would leave disk and memory different.
+    operators: std::sync::RwLock<()>,
 }
 
 impl<P> TableStore<P> {
     pub(crate) fn with_persistence(table: MaxTable, persistence: P) -> Self {
-        TableStore { table, persistence }
+        TableStore {
+            table,
+            persistence,
+            operators: std::sync::RwLock::new(()),
+        }
     }
 
     pub(crate) fn persistence(&self) -> &P {
@@ -182,6 +196,7 @@ impl<P: Persistence> OffsetStore for TableStore<P> {
         sync: bool,
     ) -> Result<Vec<WriteOutcome>, Error> {
         let mut wrote = false;
+        let _shared = self.operators.read().unwrap_or_else(|p| p.into_inner());
         let outcomes = self.table.write_batch(entries, |changes| {
             wrote = true;
             self.persistence.persist(changes, sync)
@@ -217,6 +232,7 @@ impl<P: Persistence> OffsetStore for TableStore<P> {
         reason: &str,
     ) -> Result<Vec<(OffsetKey, i64)>, Error> {
         // Operator actions are rare and must not be lost: always fsynced.
+        let _alone = self.operators.write().unwrap_or_else(|p| p.into_inner());
         self.table
             .operator_change(selector, Some(offset), reason, |changes| {
                 self.persistence.persist(changes, true)
@@ -224,6 +240,7 @@ impl<P: Persistence> OffsetStore for TableStore<P> {
     }
 
     fn delete(&self, selector: &Selector, reason: &str) -> Result<Vec<(OffsetKey, i64)>, Error> {
+        let _alone = self.operators.write().unwrap_or_else(|p| p.into_inner());
         self.table
             .operator_change(selector, None, reason, |changes| {
                 self.persistence.persist(changes, true)
@@ -385,7 +402,7 @@ impl MaxTable {
         let mut arena = String::with_capacity(entries.len() * 40);
         let mut spans = Vec::with_capacity(entries.len());
         for (key, offset) in entries {
-            if *offset < 0 {
+            if *offset < UNKNOWN_OFFSET {
                 return Err(Error::NegativeOffset {
                     key: key.to_string(),
                     offset: *offset,
@@ -412,7 +429,9 @@ impl MaxTable {
         while run < order.len() {
             let key = key_of(order[run]);
             let hash = self.hash(key);
-            let before = self.get_hashed(key, hash).unwrap_or(UNKNOWN_OFFSET);
+            // Absent is below every value, so a first write of -1 (a group's start marker)
+            // creates the key.
+            let before = self.get_hashed(key, hash).unwrap_or(ABSENT);
             let mut after = before;
             let mut next = run;
             while next < order.len() && key_of(order[next]) == key {
@@ -448,7 +467,7 @@ impl MaxTable {
         }
         Ok((0..entries.len())
             .map(|entry| WriteOutcome {
-                stored: distinct[slot_of_entry[entry]].after,
+                stored: distinct[slot_of_entry[entry]].after.max(UNKNOWN_OFFSET),
                 advanced: advanced[entry],
             })
             .collect())
@@ -541,4 +560,86 @@ impl MaxTable {
 
 fn parse_stored_key(key: &str) -> Result<OffsetKey, Error> {
     key.parse().map_err(|_| Error::CorruptKey(key.to_owned()))
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use std::collections::HashMap;
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    /// A "disk" that applies changes in the order they are persisted, and is slow to finish
+    /// an operator's put (as an fsync is).
+    #[derive(Default)]
+    struct SlowDisk {
+        values: Mutex<HashMap<String, i64>>,
+    }
+
+    impl Persistence for SlowDisk {
+        fn persist(&self, changes: &[Change<'_>], _sync: bool) -> Result<(), Error> {
+            let mut slow = false;
+            {
+                let mut values = self.values.lock().unwrap();
+                for change in changes {
+                    match change {
+                        Change::Max(key, value) => {
+                            let slot = values.entry((*key).to_owned()).or_insert(*value);
+                            *slot = (*slot).max(*value);
+                        }
+                        Change::Set(key, value) => {
+                            values.insert((*key).to_owned(), *value);
+                            slow = true;
+                        }
+                        Change::Delete(key) => {
+                            values.remove(*key);
+                        }
+                    }
+                }
+            }
+            if slow {
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            Ok(())
+        }
+        fn sync_held(&self) -> Result<(), Error> {
+            Ok(())
+        }
+        fn flush(&self) -> Result<(), Error> {
+            Ok(())
+        }
+    }
+
+    /// A raise landing while an operator's reset is between its persisted put and its index
+    /// update used to leave the index (the raise) and the disk (the merge after the put, or
+    /// the put) answering differently until the next restart. Writers now wait for it.
+    #[test]
+    fn a_raise_during_a_reset_leaves_index_and_disk_equal() {
+        let store = Arc::new(TableStore::with_persistence(
+            MaxTable::new(),
+            SlowDisk::default(),
+        ));
+        let key: OffsetKey = "t#__mqcursor__#0".parse().unwrap();
+        store.write_offset(&key, 10).unwrap();
+        let resetter = {
+            let (store, key) = (Arc::clone(&store), key.clone());
+            std::thread::spawn(move || {
+                let selector = Selector {
+                    topic: key.topic.clone(),
+                    client: Some(key.client.clone()),
+                    partition: Some(key.partition.clone()),
+                };
+                store.reset(&selector, 0, "test").unwrap();
+            })
+        };
+        // The reset is now inside its slow persist.
+        std::thread::sleep(Duration::from_millis(30));
+        store.write_offset(&key, 50).unwrap();
+        resetter.join().unwrap();
+        let in_memory = store.read_offset(&key).unwrap();
+        let on_disk = store.persistence().values.lock().unwrap()[&key.to_string()];
+        assert_eq!(in_memory, on_disk, "index and disk agree");
+        assert_eq!(in_memory, 50, "the raise came after the reset");
+    }
 }

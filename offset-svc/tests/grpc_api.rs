@@ -164,7 +164,7 @@ async fn bad_input_is_invalid_argument_naming_the_field() {
             "entries[1].key.partition",
             "must not contain '#'",
         ),
-        (entry("t", "c", "0", -5), "entries[1].offset", "negative"),
+        (entry("t", "c", "0", -5), "entries[1].offset", "below -1"),
         (
             OffsetEntry {
                 key: None,

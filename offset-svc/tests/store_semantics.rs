@@ -156,17 +156,39 @@ fn batches_apply_in_order_and_answer_every_entry() {
 }
 
 #[test]
-fn negative_offsets_are_rejected_and_nothing_is_applied() {
+fn offsets_below_minus_one_are_rejected_and_nothing_is_applied() {
     for_each_store(|store| {
         let a = key("t", "c", "0");
         let err = store
-            .write_batch(&[(a.clone(), 4), (a.clone(), -1)], false)
+            .write_batch(&[(a.clone(), 4), (a.clone(), -2)], false)
             .unwrap_err();
         assert!(
-            matches!(err, Error::NegativeOffset { offset: -1, .. }),
+            matches!(err, Error::NegativeOffset { offset: -2, .. }),
             "{err}"
         );
         assert_eq!(store.read_offset(&a).unwrap(), UNKNOWN_OFFSET);
+    });
+}
+
+/// `-1` is a group's start marker: it creates the key (listed, reads -1), and any real offset
+/// raises it; it never lowers a stored value.
+#[test]
+fn minus_one_is_a_start_marker_that_creates_the_key() {
+    for_each_store(|store| {
+        let marker = key("t", "__mqcursor@g__", "0");
+        let outcome = store.write_offset(&marker, -1).unwrap();
+        assert_eq!(
+            outcome,
+            WriteOutcome {
+                stored: -1,
+                advanced: true
+            }
+        );
+        let listed = store.read_topic(&Topic::new("t").unwrap(), None).unwrap();
+        assert_eq!(listed, [(marker.clone(), -1)]);
+        assert!(!store.write_offset(&marker, -1).unwrap().advanced);
+        store.write_offset(&marker, 5).unwrap();
+        assert_eq!(store.write_offset(&marker, -1).unwrap().stored, 5);
     });
 }
 

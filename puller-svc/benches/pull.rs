@@ -24,7 +24,7 @@ use puller_svc::cursors::StartAt;
 use puller_svc::local_log::{LogSettings, PartitionLog};
 use puller_svc::storage::kafka::KafkaStorage;
 use puller_svc::storage::local::LocalStorage;
-use puller_svc::storage::{PollLimits, ReaderKey, Storage};
+use puller_svc::storage::{PollLimits, ReaderKey, Selection, Storage};
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::producer::{FutureProducer, FutureRecord};
@@ -145,17 +145,30 @@ async fn through_puller(
 ) -> Run {
     let (mut records, mut bytes) = (0, 0);
     let mut latencies = Vec::new();
+    let reader = pb::GroupTopic {
+        group: group.into(),
+        topic: topic.into(),
+    };
+    let generation = client
+        .attach(pb::AttachRequest {
+            dispatcher_id: "pull-bench".into(),
+            readers: vec![reader.clone()],
+            positions: Vec::new(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .generations[0]
+        .generation;
     let start = Instant::now();
     while records < n {
         let t = Instant::now();
         let response = client
             .pull(pb::PullRequest {
-                reader: Some(pb::GroupTopic {
-                    group: group.into(),
-                    topic: topic.into(),
-                }),
+                reader: Some(reader.clone()),
                 max_records: 1_000,
                 max_wait_ms: 1_000,
+                generation,
                 ..Default::default()
             })
             .await
@@ -226,7 +239,7 @@ fn local_runs(dir: &Path, n: usize, size: usize, runtime: &tokio::runtime::Runti
             pulled += storage
                 .poll(
                     &reader,
-                    None,
+                    &Selection::All,
                     PollLimits {
                         max_records: 1_000,
                         max_bytes: usize::MAX,

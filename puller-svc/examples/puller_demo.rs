@@ -27,13 +27,36 @@ fn reader() -> pb::GroupTopic {
     }
 }
 
+/// Attaches the demo's reader (as a dispatcher does when it takes a group); returns the
+/// generation its pulls must carry.
+async fn attach(
+    client: &mut PullerServiceClient<tonic::transport::Channel>,
+) -> anyhow::Result<(u64, Vec<pb::Cursor>)> {
+    let attached = client
+        .attach(pb::AttachRequest {
+            dispatcher_id: "demo-dispatcher".into(),
+            readers: vec![reader()],
+            positions: Vec::new(),
+        })
+        .await?
+        .into_inner();
+    let generation = attached
+        .generations
+        .first()
+        .map(|g| g.generation)
+        .ok_or_else(|| anyhow::anyhow!("attach answered without a generation"))?;
+    Ok((generation, attached.cursors))
+}
+
 async fn pull(
     client: &mut PullerServiceClient<tonic::transport::Channel>,
+    generation: u64,
 ) -> anyhow::Result<pb::PullResponse> {
     Ok(client
         .pull(pb::PullRequest {
             reader: Some(reader()),
             max_records: 100,
+            generation,
             ..Default::default()
         })
         .await?
@@ -104,7 +127,8 @@ async fn main() -> anyhow::Result<()> {
         );
     }
     println!("\nGroup demo-group pulls:");
-    show(&pull(&mut puller).await?)?;
+    let (generation, _) = attach(&mut puller).await?;
+    show(&pull(&mut puller, generation).await?)?;
 
     let watermark = start + 1;
     println!(
@@ -127,21 +151,15 @@ async fn main() -> anyhow::Result<()> {
         sync: true,
     })
     .await?;
-    let attached = puller
-        .attach(pb::AttachRequest {
-            dispatcher_id: "demo-dispatcher".into(),
-            readers: vec![reader()],
-        })
-        .await?
-        .into_inner();
-    for cursor in &attached.cursors {
+    let (generation, cursors) = attach(&mut puller).await?;
+    for cursor in &cursors {
         println!(
             "  cursor of partition {} rewound to {}",
             cursor.partition, cursor.next_offset
         );
     }
     println!("Pulled again (nothing un-ACKed is skipped):");
-    show(&pull(&mut puller).await?)?;
+    show(&pull(&mut puller, generation).await?)?;
     Ok(())
 }
 

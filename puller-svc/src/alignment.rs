@@ -48,7 +48,8 @@ impl WatermarkSource {
     /// Uses an established (or lazily connecting) channel to offset-svc.
     pub fn new(channel: Channel) -> Self {
         WatermarkSource {
-            client: OffsetServiceClient::new(channel),
+            client: OffsetServiceClient::new(channel)
+                .max_decoding_message_size(eventmesh_common::grpc::OFFSETS_MESSAGE_LIMIT),
         }
     }
 
@@ -86,7 +87,8 @@ impl WatermarkSource {
     }
 }
 
-fn describe(reader: &ReaderKey) -> String {
+/// A reader as logs and errors name it: `group/topic` (`(default)/topic`).
+pub(crate) fn describe(reader: &ReaderKey) -> String {
     match &reader.group {
         Some(group) => format!("{group}/{}", reader.topic),
         None => format!("(default)/{}", reader.topic),

@@ -77,6 +77,9 @@ pub struct Config {
     pub log_format: LogFormat,
     /// Longest a graceful shutdown waits for open requests and streams, seconds.
     pub shutdown_timeout_secs: u64,
+    /// Deadline of every call to offset-svc, milliseconds (a frozen one also fails calls
+    /// through HTTP/2 keepalive within about 3 s).
+    pub dependency_timeout_ms: u64,
 }
 
 impl Default for Config {
@@ -97,6 +100,7 @@ impl Default for Config {
             sync_appends: false,
             log_format: LogFormat::Text,
             shutdown_timeout_secs: 10,
+            dependency_timeout_ms: 5_000,
         }
     }
 }
@@ -170,6 +174,9 @@ pub struct Args {
     /// Graceful shutdown timeout, seconds [default: 10].
     #[arg(long, env = "EM_PULLER_SHUTDOWN_TIMEOUT_SECS")]
     pub shutdown_timeout_secs: Option<u64>,
+    /// Deadline of calls to offset-svc, ms [default: 5000].
+    #[arg(long, env = "EM_PULLER_DEPENDENCY_TIMEOUT_MS")]
+    pub dependency_timeout_ms: Option<u64>,
 }
 
 impl Args {
@@ -197,11 +204,20 @@ impl Args {
             &mut config.shutdown_timeout_secs,
             self.shutdown_timeout_secs,
         );
-        if config.checkpoint_interval_ms == 0 {
-            return Err(ConfigError::Invalid {
-                key: "checkpoint_interval_ms",
-                message: "must be at least 1".into(),
-            });
+        apply(
+            &mut config.dependency_timeout_ms,
+            self.dependency_timeout_ms,
+        );
+        for (key, value) in [
+            ("checkpoint_interval_ms", config.checkpoint_interval_ms),
+            ("dependency_timeout_ms", config.dependency_timeout_ms),
+        ] {
+            if value == 0 {
+                return Err(ConfigError::Invalid {
+                    key,
+                    message: "must be at least 1".into(),
+                });
+            }
         }
         if config.default_partitions == 0 {
             return Err(ConfigError::Invalid {

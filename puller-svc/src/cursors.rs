@@ -2,21 +2,22 @@
 //!
 //! A cursor is the **next** MQ offset the group's reader will read from a partition
 //! (exclusive: every offset below it has been handed to the dispatcher). The group's
-//! watermark `W` in offset-svc is **inclusive** (every offset `<= W` is settled). So after a
-//! restart, or when a dispatcher (re)attaches, the reader must resume at `W + 1` at the latest:
+//! watermark `W` in offset-svc is **inclusive** (every offset `<= W` is settled; `-1` is a
+//! group that starts at offset 0 and has settled nothing yet). So after a restart, or when a
+//! dispatcher (re)attaches, the reader must resume at `W + 1` at the latest:
 //!
 //! * [`GroupCursors::align`] — a cursor that is missing or ahead of `W + 1` moves to `W + 1`;
 //!   a cursor at or below `W + 1` stays (re-reading settled offsets is harmless: the
-//!   dispatcher ignores frames `<= W`). Without a watermark nothing moves.
+//!   dispatcher ignores frames `<= W`). Without a watermark the cursor is dropped, so the
+//!   reader starts where a new one starts.
+//! * [`GroupCursors::position`] — the dispatcher names the exact position (at Attach, and in
+//!   every Pull to confirm where its last kept batch ended); the cursor is set to it.
 //! * [`GroupCursors::resolve`] — a partition with no cursor starts at the configured start; a
 //!   cursor below the log start (retention removed records) moves to the log start and reports
 //!   how many offsets were lost to retention; a cursor past the log end (the topic was
-//!   recreated) resets to the configured start with an error log.
+//!   recreated, or the broker lost records) is **not** moved: it is reported, and the caller
+//!   decides (the dispatcher rewinds the group, counted and logged there).
 //! * [`GroupCursors::advance`] — only forward, and only for records actually handed on.
-//!
-//! Metrics: `eventmesh_puller_retention_lost_offsets_total{topic}` counts offsets retention
-//! removed before a reader got to them; `eventmesh_puller_cursor_resets_total{topic}` counts
-//! cursors found past the end of their log.
 //!
 //! Cursors persist in the group's checkpoint file ([`crate::checkpoint`]); `checkpoint` writes
 //! only when something changed.
@@ -69,13 +70,8 @@ pub enum Resolution {
         /// How many offsets were never read.
         lost: i64,
     },
-    /// Past the log end (topic recreated): reset to the configured start.
-    ResetPastEnd {
-        /// The cursor before.
-        from: i64,
-        /// The new cursor.
-        to: i64,
-    },
+    /// Past the log end (topic recreated, or records lost by the broker): left where it is.
+    PastEnd(i64),
 }
 
 /// The cursors of one group on one backend, with their checkpoint file.
@@ -118,9 +114,20 @@ impl GroupCursors {
         }
     }
 
-    /// Applies the group's inclusive watermark `W` (None: nothing stored) to one cursor.
+    /// Sets a cursor to the position its dispatcher names; returns the cursor before when it
+    /// differed (a re-read after a lost response, or a new position at Attach).
+    pub fn position(&mut self, key: &PullKey, next: i64) -> Option<Option<i64>> {
+        let before = self.get(key);
+        (before != Some(next)).then(|| {
+            self.set(key, next);
+            before
+        })
+    }
+
+    /// Applies the group's inclusive watermark `W` (None: nothing stored; `-1`: nothing settled
+    /// yet, start at 0) to one cursor.
     pub fn align(&mut self, key: &PullKey, watermark: Option<i64>) -> Alignment {
-        let Some(watermark) = watermark.filter(|w| *w >= 0) else {
+        let Some(watermark) = watermark.filter(|w| *w >= -1) else {
             // Nothing of this group is settled here: whatever the reader passed may be
             // un-ACKed, so it starts over where a new reader starts (the configured start).
             // Dispatchers store a watermark whenever a group starts later than that.
@@ -141,7 +148,32 @@ impl GroupCursors {
         }
     }
 
-    /// Fits one cursor into the partition's retained range `[log_start, log_end)`.
+    /// Where a read of one partition starts, given its retained range `[log_start, log_end)`;
+    /// changes nothing (a poll applies it with [`GroupCursors::settle_read`] once its batch
+    /// is built, so a failed poll moves nothing).
+    pub fn classify(
+        &self,
+        key: &PullKey,
+        log_start: i64,
+        log_end: i64,
+        start_at: StartAt,
+    ) -> Resolution {
+        match self.get(key) {
+            None => Resolution::Started(match start_at {
+                StartAt::Earliest => log_start,
+                StartAt::Latest => log_end,
+            }),
+            Some(cursor) if cursor < log_start => Resolution::LostToRetention {
+                to: log_start,
+                lost: log_start - cursor,
+            },
+            Some(cursor) if cursor > log_end => Resolution::PastEnd(cursor),
+            Some(cursor) => Resolution::InRange(cursor),
+        }
+    }
+
+    /// Fits one cursor into the partition's retained range `[log_start, log_end)` and applies
+    /// the result at once (see [`GroupCursors::classify`]).
     pub fn resolve(
         &mut self,
         key: &PullKey,
@@ -149,37 +181,18 @@ impl GroupCursors {
         log_end: i64,
         start_at: StartAt,
     ) -> Resolution {
-        let configured = match start_at {
-            StartAt::Earliest => log_start,
-            StartAt::Latest => log_end,
-        };
-        match self.get(key) {
-            None => {
-                self.set(key, configured);
-                Resolution::Started(configured)
-            }
-            Some(cursor) if cursor < log_start => {
-                self.set(key, log_start);
-                let lost = log_start - cursor;
-                tracing::warn!(%key, cursor, log_start, lost, "offsets removed by retention before they were read");
-                metrics::counter!("eventmesh_puller_retention_lost_offsets_total", "topic" => key.topic.to_string())
-                    .increment(lost.unsigned_abs());
-                Resolution::LostToRetention {
-                    to: log_start,
-                    lost,
-                }
-            }
-            Some(cursor) if cursor > log_end => {
-                self.set(key, configured);
-                tracing::error!(%key, cursor, log_end, to = configured, "pull cursor is past the end of the log (topic recreated?); reset to the configured start");
-                metrics::counter!("eventmesh_puller_cursor_resets_total", "topic" => key.topic.to_string()).increment(1);
-                Resolution::ResetPastEnd {
-                    from: cursor,
-                    to: configured,
-                }
-            }
-            Some(cursor) => Resolution::InRange(cursor),
+        let resolution = self.classify(key, log_start, log_end, start_at);
+        match resolution {
+            Resolution::Started(to) | Resolution::LostToRetention { to, .. } => self.set(key, to),
+            Resolution::InRange(_) | Resolution::PastEnd(_) => {}
         }
+        resolution
+    }
+
+    /// Records where a poll left a partition: `next` after what it handed on (a started or
+    /// retention-moved cursor moves even when no record followed).
+    pub fn settle_read(&mut self, key: &PullKey, next: i64) {
+        self.set(key, next);
     }
 
     /// Moves a cursor forward to `next` after records below it were handed on; never back.
@@ -330,7 +343,7 @@ mod tests {
         cursors.advance(&fresh_key, 42);
         assert_eq!(cursors.align(&fresh_key, None), Alignment::NoWatermark);
         assert_eq!(cursors.get(&fresh_key), None);
-        assert_eq!(cursors.align(&fresh_key, Some(-1)), Alignment::NoWatermark);
+        assert_eq!(cursors.align(&fresh_key, Some(-2)), Alignment::NoWatermark);
         assert_eq!(
             cursors.resolve(&fresh_key, 0, 100, StartAt::Earliest),
             Resolution::Started(0)
@@ -354,6 +367,32 @@ mod tests {
             cursors.align(&lite, Some(0)),
             Alignment::Rewound { from: None, to: 1 }
         );
+        // -1: the group starts at offset 0 and has settled nothing yet.
+        let marked = key("t#2");
+        cursors.advance(&marked, 7);
+        assert_eq!(
+            cursors.align(&marked, Some(-1)),
+            Alignment::Rewound {
+                from: Some(7),
+                to: 0
+            }
+        );
+    }
+
+    #[test]
+    fn positions_set_the_cursor_either_way() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cursors = fresh(dir.path());
+        let a = key("t#0");
+        assert_eq!(cursors.position(&a, 5), Some(None));
+        cursors.advance(&a, 9);
+        assert_eq!(cursors.position(&a, 9), None, "confirmed: no change");
+        assert_eq!(
+            cursors.position(&a, 7),
+            Some(Some(9)),
+            "a lost batch is read again"
+        );
+        assert_eq!(cursors.get(&a), Some(7));
     }
 
     #[test]
@@ -377,7 +416,12 @@ mod tests {
         cursors.advance(&d, 30);
         assert_eq!(
             cursors.resolve(&d, 0, 10, StartAt::Earliest),
-            Resolution::ResetPastEnd { from: 30, to: 0 }
+            Resolution::PastEnd(30)
+        );
+        assert_eq!(
+            cursors.get(&d),
+            Some(30),
+            "past the end: reported, never moved"
         );
         cursors.advance(&e, 10);
         assert_eq!(

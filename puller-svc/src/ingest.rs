@@ -16,6 +16,7 @@
 
 use base64::Engine as _;
 use bytes::Bytes;
+use eventmesh_common::dead_letter::ENVELOPE_LIMITS;
 use eventmesh_common::frame::{
     ATTR_MQ_OFFSET, ATTR_MQ_PARTITION, ATTR_POP_CK, Frame, FrameLimits, sniff,
 };
@@ -80,7 +81,8 @@ pub fn ingest(
         if let Some(pop_ck) = origin.pop_ck {
             frame.set_attribute(ATTR_POP_CK, pop_ck);
         }
-        frame.encode(limits).map_err(|e| e.to_string())
+        // Room for the stamps: a frame that met every limit at Publish still passes.
+        frame.encode(&limits.stamped()).map_err(|e| e.to_string())
     });
     match stamped {
         Ok(frame) => Ingested {
@@ -90,12 +92,28 @@ pub fn ingest(
         },
         Err(reason) => {
             tracing::warn!(partition = %origin.partition, offset = origin.offset, ?kind, %reason, "MQ body cannot be delivered as an event; it will be dead-lettered");
-            Ingested {
-                kind: BodyKind::MalformedFrame,
-                frame: body,
-                malformed_reason: Some(format!("{kind:?} body: {reason}")),
-            }
+            malformed(body, format!("{kind:?} body: {reason}"))
         }
+    }
+}
+
+/// A message that cannot be delivered as an event: its body (cut to what a dead-letter
+/// envelope carries, which keeps every pull answer within its message limit) and the reason.
+pub fn malformed(body: Bytes, mut reason: String) -> Ingested {
+    let keep = ENVELOPE_LIMITS.max_data_bytes;
+    let frame = if body.len() > keep {
+        reason.push_str(&format!(
+            " (original body of {} bytes cut to {keep})",
+            body.len()
+        ));
+        body.slice(..keep)
+    } else {
+        body
+    };
+    Ingested {
+        kind: BodyKind::MalformedFrame,
+        frame,
+        malformed_reason: Some(reason),
     }
 }
 

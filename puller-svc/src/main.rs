@@ -42,9 +42,11 @@ async fn main() -> anyhow::Result<()> {
         )?),
     };
     // Lazy: the puller starts even while offset-svc is down; readers then wait for it.
-    let offset_svc = tonic::transport::Endpoint::from_shared(config.offset_svc.clone())
-        .with_context(|| format!("invalid offset_svc endpoint {:?}", config.offset_svc))?
-        .connect_lazy();
+    let offset_svc = eventmesh_common::grpc::internal_channel(
+        &config.offset_svc,
+        Duration::from_millis(config.dependency_timeout_ms),
+    )
+    .with_context(|| format!("invalid offset_svc endpoint {:?}", config.offset_svc))?;
     let grpc = PullerGrpc::new(Arc::clone(&storage), WatermarkSource::new(offset_svc))
         .with_default_partitions(config.default_partitions);
     let server = start(

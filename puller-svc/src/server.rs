@@ -15,9 +15,6 @@ use tonic::server::NamedService;
 use crate::service::PullerGrpc;
 use crate::storage::{Storage, StorageError};
 
-/// Largest message either way (a batch of frames up to the frame limit).
-pub const MAX_MESSAGE_BYTES: usize = 64 * 1024 * 1024;
-
 /// Why the server stopped badly.
 #[derive(Debug, thiserror::Error)]
 pub enum ServerError {
@@ -90,9 +87,14 @@ pub async fn start(
     let (health, router) = grpc::standard_router(&[eventmesh_proto::FILE_DESCRIPTOR_SET])
         .map_err(|err| ServerError::Task(err.to_string()))?;
     let router = router.add_service(
+        // A publish carries one frame (a dead-letter envelope at most); a pull answer is
+        // bounded by the largest pull this service allows.
         PullerServiceServer::new(grpc_service)
-            .max_decoding_message_size(MAX_MESSAGE_BYTES)
-            .max_encoding_message_size(MAX_MESSAGE_BYTES),
+            .max_decoding_message_size(grpc::PUBLISH_REQUEST_LIMIT)
+            .max_encoding_message_size(grpc::pull_response_limit(
+                grpc::MAX_PULL_RECORDS,
+                grpc::MAX_PULL_BYTES,
+            )),
     );
     let name = <PullerServiceServer<PullerGrpc> as NamedService>::NAME;
     grpc::mark_serving(&health, name).await;

@@ -1,8 +1,16 @@
 //! The `eventmesh.puller.v1.PullerService` gRPC implementation over any [`Storage`].
 //!
-//! * A reader (group × topic) is aligned to its group's watermark before its first poll, and
-//!   again on every `Attach` (a dispatcher that restarted lost the frames it held, so they must
-//!   be read again). If offset-svc cannot be read, polls of that reader answer UNAVAILABLE.
+//! * A reader (group × topic) is used by one dispatcher at a time. `Attach` gives it a new
+//!   **generation** and sets its cursors: to the positions the dispatcher names, else to its
+//!   group's watermark + 1 read from offset-svc (a dispatcher that restarted lost the frames it
+//!   held, so they must be read again; if offset-svc cannot be read, the attach answers
+//!   UNAVAILABLE). Every `Pull` / `PullStream` must carry the generation: another one is refused
+//!   with FAILED_PRECONDITION naming the holder in the status metadata (`em-reader-holder`,
+//!   `em-reader-generation`); a reader never attached since this process started is refused
+//!   without a holder, so its dispatcher attaches again. Attach, the check and each poll hold
+//!   the reader's lock, so an attach never races a poll of the generation it ends.
+//! * A `Pull` naming positions confirms where its caller's last kept batch ended: the cursors
+//!   are set there before reading, so a response that was lost is read again, never skipped.
 //! * `Pull` long-polls up to `max_wait_ms` (capped at [`MAX_WAIT`]), looking again every
 //!   [`IDLE_POLL`] — or at once when the backend signals an append to the topic (the local
 //!   log does; a broker written by others cannot); `PullStream` pushes
@@ -11,11 +19,13 @@
 //! * Bad input is INVALID_ARGUMENT naming the field; unknown topics and partitions are
 //!   NOT_FOUND; an unavailable backend is UNAVAILABLE with the cause.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use eventmesh_common::grpc;
 use eventmesh_common::keys::{GroupName, PartitionId, Topic};
 use eventmesh_common::status::FieldError;
 use eventmesh_proto::puller::{self as pb, puller_service_server::PullerService};
@@ -25,10 +35,10 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 use tracing::instrument;
 
-use crate::alignment::{WatermarkSource, align_reader};
+use crate::alignment::{WatermarkSource, align_reader, describe};
 use crate::crash::{CrashPoint, crash_point};
 use crate::ingest::BodyKind;
-use crate::storage::{AckPulledOutcome, PollLimits, PolledBatch, ReaderKey, Storage};
+use crate::storage::{AckPulledOutcome, PollLimits, PolledBatch, ReaderKey, Selection, Storage};
 
 /// Longest a `Pull` waits for records.
 pub const MAX_WAIT: Duration = Duration::from_secs(30);
@@ -37,12 +47,57 @@ const IDLE_POLL: Duration = Duration::from_millis(20);
 /// Partitions of a topic created without a count.
 pub const DEFAULT_PARTITIONS: u32 = 4;
 
+/// Status metadata naming the dispatcher that holds a reader.
+pub const HOLDER_METADATA: &str = "em-reader-holder";
+/// Status metadata with the generation of the reader's holder (hex).
+pub const GENERATION_METADATA: &str = "em-reader-generation";
+
+/// Who holds a reader now.
+#[derive(Debug, Default)]
+struct ReaderSlot {
+    /// The generation of its last Attach; 0: not attached since this process started.
+    generation: u64,
+    /// The dispatcher that attached it.
+    holder: String,
+}
+
+impl ReaderSlot {
+    /// Refuses a request that carries another generation than the holder's.
+    fn check(&self, reader: &ReaderKey, generation: u64) -> Result<(), Status> {
+        if self.generation == 0 {
+            return Err(Status::failed_precondition(format!(
+                "reader {} is not attached (puller-svc restarted, or Attach was never called): attach it first",
+                describe(reader)
+            )));
+        }
+        if self.generation == generation {
+            return Ok(());
+        }
+        let mut status = Status::failed_precondition(format!(
+            "reader {} is held by dispatcher {} (generation {:x}); this request carries generation {generation:x}: the reader was attached again since",
+            describe(reader),
+            self.holder,
+            self.generation
+        ));
+        if let Ok(holder) = self.holder.parse() {
+            status.metadata_mut().insert(HOLDER_METADATA, holder);
+        }
+        if let Ok(value) = format!("{:x}", self.generation).parse() {
+            status.metadata_mut().insert(GENERATION_METADATA, value);
+        }
+        Err(status)
+    }
+}
+
+type Slot = Arc<tokio::sync::Mutex<ReaderSlot>>;
+
 /// The gRPC face of a [`Storage`].
 #[derive(Clone)]
 pub struct PullerGrpc {
     storage: Arc<dyn Storage>,
     watermarks: WatermarkSource,
-    aligned: Arc<Mutex<HashSet<ReaderKey>>>,
+    readers: Arc<Mutex<HashMap<ReaderKey, Slot>>>,
+    generations: Arc<AtomicU64>,
     limits: PollLimits,
     default_partitions: u32,
 }
@@ -62,6 +117,30 @@ fn parse_reader(field: &str, reader: Option<&pb::GroupTopic>) -> Result<ReaderKe
 
 fn parse_topic(field: &str, topic: &str) -> Result<Topic, FieldError> {
     Topic::new(topic).map_err(|e| FieldError::new(field, e))
+}
+
+fn parse_positions(
+    field: &str,
+    positions: &[pb::Position],
+) -> Result<BTreeMap<PartitionId, i64>, FieldError> {
+    let mut parsed = BTreeMap::new();
+    for (i, position) in positions.iter().enumerate() {
+        let partition = PartitionId::new(position.partition.as_str())
+            .map_err(|e| FieldError::new(format!("{field}[{i}].partition"), e))?;
+        if position.next < 0 {
+            return Err(FieldError::new(
+                format!("{field}[{i}].next"),
+                format!("{} is negative", position.next),
+            ));
+        }
+        if parsed.insert(partition, position.next).is_some() {
+            return Err(FieldError::new(
+                format!("{field}[{i}].partition"),
+                format!("{} is named twice", position.partition),
+            ));
+        }
+    }
+    Ok(parsed)
 }
 
 fn parse_partition(field: &str, partition: &str) -> Result<Option<PartitionId>, FieldError> {
@@ -112,6 +191,26 @@ fn to_response(batch: PolledBatch) -> pb::PullResponse {
                 partition: range.partition.to_string(),
                 first: range.first,
                 next: range.next,
+                lost_to_retention: range.lost_to_retention,
+            })
+            .collect(),
+        unpositioned: batch
+            .unpositioned
+            .into_iter()
+            .map(|range| pb::PartitionOffsets {
+                partition: range.partition.to_string(),
+                start: range.start,
+                end: range.end,
+            })
+            .collect(),
+        past_end: batch
+            .past_end
+            .into_iter()
+            .map(|past| pb::PastEnd {
+                partition: past.partition.to_string(),
+                position: past.position,
+                log_start: past.log_start,
+                log_end: past.log_end,
             })
             .collect(),
     }
@@ -120,10 +219,13 @@ fn to_response(batch: PolledBatch) -> pb::PullResponse {
 impl PullerGrpc {
     /// Serves `storage`, reading watermarks through `watermarks`.
     pub fn new(storage: Arc<dyn Storage>, watermarks: WatermarkSource) -> Self {
+        // Generations are unique across restarts of this process: a random high half.
+        let epoch = u64::from(rand::random::<u32>() | 1) << 32;
         PullerGrpc {
             storage,
             watermarks,
-            aligned: Arc::default(),
+            readers: Arc::default(),
+            generations: Arc::new(AtomicU64::new(epoch)),
             limits: PollLimits::default(),
             default_partitions: DEFAULT_PARTITIONS,
         }
@@ -135,40 +237,52 @@ impl PullerGrpc {
         self
     }
 
-    fn is_aligned(&self, reader: &ReaderKey) -> bool {
-        self.aligned
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .contains(reader)
+    fn slot(&self, reader: &ReaderKey) -> Slot {
+        let mut readers = self.readers.lock().unwrap_or_else(|p| p.into_inner());
+        Arc::clone(readers.entry(reader.clone()).or_default())
     }
 
-    /// Aligns a reader to its watermark (always, or only if not yet aligned).
-    async fn align(&self, reader: &ReaderKey, force: bool) -> Result<(), Status> {
-        if !force && self.is_aligned(reader) {
-            return Ok(());
+    /// Takes a reader for `holder`: sets the named positions (or aligns to the watermark when
+    /// none are named) and starts a new generation. Returns it.
+    async fn attach_reader(
+        &self,
+        reader: &ReaderKey,
+        holder: &str,
+        positions: &BTreeMap<PartitionId, i64>,
+    ) -> Result<u64, Status> {
+        let slot = self.slot(reader);
+        let mut slot = slot.lock().await;
+        if positions.is_empty() {
+            align_reader(self.storage.as_ref(), &self.watermarks, reader)
+                .await
+                .map_err(|err| match err {
+                    crate::alignment::AlignError::Storage(storage) => Status::from(storage),
+                    other => Status::unavailable(other.to_string()),
+                })?;
         }
-        align_reader(self.storage.as_ref(), &self.watermarks, reader)
-            .await
-            .map_err(|err| match err {
-                crate::alignment::AlignError::Storage(storage) => Status::from(storage),
-                other => Status::unavailable(other.to_string()),
-            })?;
-        self.aligned
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(reader.clone());
-        Ok(())
+        for (partition, next) in positions {
+            self.storage
+                .position_pull_offset(reader, partition, *next)
+                .await?;
+        }
+        let generation = self.generations.fetch_add(1, Ordering::Relaxed) + 1;
+        if slot.generation != 0 && slot.holder != holder {
+            tracing::warn!(reader = %describe(reader), from = slot.holder, to = holder, "reader taken over by another dispatcher; the previous holder's pulls are refused from now on");
+        }
+        slot.generation = generation;
+        holder.clone_into(&mut slot.holder);
+        Ok(generation)
     }
 
     fn limits(&self, max_records: u32, max_bytes: u32) -> PollLimits {
         PollLimits {
             max_records: match max_records {
                 0 => self.limits.max_records,
-                n => (n as usize).min(10_000),
+                n => (n as usize).min(grpc::MAX_PULL_RECORDS),
             },
             max_bytes: match max_bytes {
                 0 => self.limits.max_bytes,
-                n => n as usize,
+                n => (n as usize).min(grpc::MAX_PULL_BYTES),
             },
         }
     }
@@ -217,14 +331,40 @@ impl PullerService for PullerGrpc {
         request: Request<pb::AttachRequest>,
     ) -> Result<Response<pb::AttachResponse>, Status> {
         let request = request.into_inner();
-        let mut cursors = Vec::new();
-        for (i, reader) in request.readers.iter().enumerate() {
-            let reader = parse_reader(&format!("readers[{i}]"), Some(reader))?;
-            self.align(&reader, true).await?;
-            cursors.extend(self.cursor_list(&reader).await?);
+        if request.dispatcher_id.is_empty() {
+            return Err(FieldError::new("dispatcher_id", "must not be empty").into());
         }
-        tracing::info!(dispatcher = %request.dispatcher_id, readers = request.readers.len(), "dispatcher attached; readers realigned");
-        Ok(Response::new(pb::AttachResponse { cursors }))
+        let mut readers = Vec::with_capacity(request.readers.len());
+        for (i, reader) in request.readers.iter().enumerate() {
+            readers.push(parse_reader(&format!("readers[{i}]"), Some(reader))?);
+        }
+        let mut positions: HashMap<ReaderKey, BTreeMap<PartitionId, i64>> = HashMap::new();
+        for (i, entry) in request.positions.iter().enumerate() {
+            let reader = parse_reader(&format!("positions[{i}].reader"), entry.reader.as_ref())?;
+            if !readers.contains(&reader) {
+                return Err(FieldError::new(
+                    format!("positions[{i}].reader"),
+                    "names a reader that is not in readers",
+                )
+                .into());
+            }
+            let parsed = parse_positions(&format!("positions[{i}].positions"), &entry.positions)?;
+            positions.entry(reader).or_default().extend(parsed);
+        }
+        let mut response = pb::AttachResponse::default();
+        for reader in &readers {
+            let named = positions.remove(reader).unwrap_or_default();
+            let generation = self
+                .attach_reader(reader, &request.dispatcher_id, &named)
+                .await?;
+            response.cursors.extend(self.cursor_list(reader).await?);
+            response.generations.push(pb::ReaderGeneration {
+                reader: Some(to_group_topic(reader)),
+                generation,
+            });
+        }
+        tracing::info!(dispatcher = %request.dispatcher_id, readers = readers.len(), "dispatcher attached its readers");
+        Ok(Response::new(response))
     }
 
     #[instrument(skip_all)]
@@ -235,8 +375,9 @@ impl PullerService for PullerGrpc {
         let request = request.into_inner();
         let reader = parse_reader("reader", request.reader.as_ref())?;
         let partition = parse_partition("partition", &request.partition)?;
+        let selection = Selection::of(partition, parse_positions("positions", &request.positions)?);
         let limits = self.limits(request.max_records, request.max_bytes);
-        self.align(&reader, false).await?;
+        let slot = self.slot(&reader);
         let deadline = tokio::time::Instant::now()
             + Duration::from_millis(request.max_wait_ms.into()).min(MAX_WAIT);
         let mut appends = self.storage.appends(&reader.topic);
@@ -245,14 +386,15 @@ impl PullerService for PullerGrpc {
                 // What is appended from here on wakes the wait below.
                 appends.borrow_and_update();
             }
-            let batch = self
-                .storage
-                .poll(&reader, partition.as_ref(), limits)
-                .await?;
+            let batch = {
+                let held = slot.lock().await;
+                held.check(&reader, request.generation)?;
+                self.storage.poll(&reader, &selection, limits).await?
+            };
             if !batch.records.is_empty() {
                 crash_point(CrashPoint::AfterPull);
             }
-            if !batch.records.is_empty() || tokio::time::Instant::now() >= deadline {
+            if !batch.is_empty() || tokio::time::Instant::now() >= deadline {
                 return Ok(Response::new(to_response(batch)));
             }
             let until = deadline.min(tokio::time::Instant::now() + IDLE_POLL);
@@ -277,10 +419,10 @@ impl PullerService for PullerGrpc {
         let (tx, rx) = mpsc::channel(2);
         let service = self.clone();
         tokio::spawn(async move {
-            let mut credits: BTreeMap<ReaderKey, u32> = BTreeMap::new();
+            let mut credits: BTreeMap<ReaderKey, StreamReader> = BTreeMap::new();
             let mut idle = false;
             loop {
-                let has_credit = credits.values().any(|c| *c > 0);
+                let has_credit = credits.values().any(|r| r.credit > 0);
                 let pause = if idle { IDLE_POLL } else { Duration::ZERO };
                 tokio::select! {
                     message = inbound.message() => {
@@ -296,23 +438,23 @@ impl PullerService for PullerGrpc {
                     }
                     () = tokio::time::sleep(pause), if has_credit => {
                         idle = true;
-                        for (reader, credit) in credits.iter_mut().filter(|(_, c)| **c > 0) {
+                        for (reader, open) in credits.iter_mut().filter(|(_, r)| r.credit > 0) {
                             let limits = PollLimits {
-                                max_records: (*credit as usize).min(service.limits.max_records),
+                                max_records: (open.credit as usize).min(service.limits.max_records),
                                 ..service.limits
                             };
-                            let batch = match service.storage.poll(reader, None, limits).await {
+                            let batch = match service.stream_poll(reader, open, limits).await {
                                 Ok(batch) => batch,
-                                Err(err) => {
-                                    let _ = tx.send(Err(Status::from(err))).await;
+                                Err(status) => {
+                                    let _ = tx.send(Err(status)).await;
                                     return;
                                 }
                             };
-                            if batch.records.is_empty() {
+                            if batch.is_empty() {
                                 continue;
                             }
                             idle = false;
-                            *credit -= batch.records.len().min(*credit as usize) as u32;
+                            open.credit -= batch.records.len().min(open.credit as usize) as u32;
                             let response = pb::PullStreamResponse {
                                 reader: Some(to_group_topic(reader)),
                                 batch: Some(to_response(batch)),
@@ -458,29 +600,76 @@ impl PullerService for PullerGrpc {
     }
 }
 
+/// One reader open on a PullStream.
+struct StreamReader {
+    /// Records it may still be pushed.
+    credit: u32,
+    /// The generation it was opened with.
+    generation: u64,
+    /// Where each positioned partition continues (empty: the reader's cursors).
+    positions: BTreeMap<PartitionId, i64>,
+}
+
 impl PullerGrpc {
+    /// One poll of a streamed reader under its lock; positioned partitions continue where the
+    /// batch ended.
+    async fn stream_poll(
+        &self,
+        reader: &ReaderKey,
+        open: &mut StreamReader,
+        limits: PollLimits,
+    ) -> Result<PolledBatch, Status> {
+        let slot = self.slot(reader);
+        let held = slot.lock().await;
+        held.check(reader, open.generation)?;
+        let selection = Selection::of(None, open.positions.clone());
+        let batch = self.storage.poll(reader, &selection, limits).await?;
+        for range in &batch.ranges {
+            if let Some(next) = open.positions.get_mut(&range.partition) {
+                *next = range.next;
+            }
+        }
+        Ok(batch)
+    }
+
     /// Handles one message of a PullStream.
     async fn stream_message(
         &self,
         message: pb::PullStreamRequest,
-        credits: &mut BTreeMap<ReaderKey, u32>,
+        credits: &mut BTreeMap<ReaderKey, StreamReader>,
     ) -> Result<(), Status> {
         use pb::pull_stream_request::Kind;
         match message.kind {
-            Some(Kind::OpenReader(reader)) => {
-                let reader = parse_reader("open_reader", Some(&reader))?;
-                self.align(&reader, false).await?;
-                credits.entry(reader).or_insert(0);
+            Some(Kind::Open(open)) => {
+                let reader = parse_reader("open.reader", open.reader.as_ref())?;
+                self.slot(&reader)
+                    .lock()
+                    .await
+                    .check(&reader, open.generation)?;
+                let positions = parse_positions("open.positions", &open.positions)?;
+                credits.insert(
+                    reader,
+                    StreamReader {
+                        credit: 0,
+                        generation: open.generation,
+                        positions,
+                    },
+                );
+            }
+            Some(Kind::OpenReader(_)) => {
+                return Err(Status::failed_precondition(
+                    "open_reader carries no generation; readers are fenced: Attach, then send `open` with the generation",
+                ));
             }
             Some(Kind::CloseReader(reader)) => {
                 credits.remove(&parse_reader("close_reader", Some(&reader))?);
             }
             Some(Kind::Credit(credit)) => {
                 let reader = parse_reader("credit.reader", credit.reader.as_ref())?;
-                let slot = credits.get_mut(&reader).ok_or_else(|| {
+                let open = credits.get_mut(&reader).ok_or_else(|| {
                     Status::failed_precondition("credit for a reader that is not open")
                 })?;
-                *slot = slot.saturating_add(credit.records);
+                open.credit = open.credit.saturating_add(credit.records);
             }
             None => return Err(Status::invalid_argument("empty PullStreamRequest")),
         }

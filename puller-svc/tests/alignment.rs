@@ -14,7 +14,7 @@ use puller_svc::alignment::{AlignError, WatermarkSource, align_reader};
 use puller_svc::cursors::{Alignment, StartAt};
 use puller_svc::local_log::LogSettings;
 use puller_svc::storage::local::LocalStorage;
-use puller_svc::storage::{PollLimits, ReaderKey, Storage};
+use puller_svc::storage::{PollLimits, ReaderKey, Selection, Storage};
 
 async fn write_watermark(
     channel: &tonic::transport::Channel,
@@ -59,7 +59,7 @@ async fn storage_with_pulled(dir: &std::path::Path, readers: &[&ReaderKey]) -> L
         let batch = storage
             .poll(
                 reader,
-                None,
+                &Selection::All,
                 PollLimits {
                     max_records: 100,
                     max_bytes: usize::MAX,

@@ -26,6 +26,8 @@ use tonic::transport::Channel;
 struct Puller {
     child: Child,
     client: PullerServiceClient<Channel>,
+    /// Generations of the readers this test attached to this process.
+    generations: std::collections::HashMap<String, u64>,
 }
 
 impl Puller {
@@ -57,7 +59,11 @@ impl Puller {
         let client = PullerServiceClient::connect(format!("http://{addr}"))
             .await
             .unwrap();
-        Puller { child, client }
+        Puller {
+            child,
+            client,
+            generations: Default::default(),
+        }
     }
 
     fn kill9(&mut self) {
@@ -86,11 +92,19 @@ fn reader(group: &str) -> pb::GroupTopic {
     }
 }
 
-async fn pull_ids(client: &mut PullerServiceClient<Channel>, group: &str, max: u32) -> Vec<u64> {
-    let response = client
+/// Pulls from a group's reader, attaching it first (which aligns it to its watermark, as a
+/// dispatcher's first attach does) when this process has not seen it yet.
+async fn pull_ids(puller: &mut Puller, group: &str, max: u32) -> Vec<u64> {
+    if !puller.generations.contains_key(group) {
+        let generation = support::attach(&mut puller.client, "test", reader(group)).await;
+        puller.generations.insert(group.to_owned(), generation);
+    }
+    let response = puller
+        .client
         .pull(pb::PullRequest {
             reader: Some(reader(group)),
             max_records: max,
+            generation: puller.generations[group],
             ..Default::default()
         })
         .await
@@ -143,9 +157,9 @@ async fn kill_minus_nine_loses_no_acknowledged_publish_and_cursors_resume() {
     while acked.lock().unwrap().len() < 300 {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    let first = pull_ids(&mut puller.client, "g", 40).await;
+    let first = pull_ids(&mut puller, "g", 40).await;
     assert_eq!(first.len(), 40);
-    let other = pull_ids(&mut puller.client, "h", 10).await;
+    let other = pull_ids(&mut puller, "h", 10).await;
     assert_eq!(other, first[..10].to_vec());
     for checkpoint in [
         "local-pull-offsets@g.properties",
@@ -193,7 +207,7 @@ async fn kill_minus_nine_loses_no_acknowledged_publish_and_cursors_resume() {
     // Every acknowledged publish is there (read by a fresh group from the start).
     let mut all = BTreeSet::new();
     loop {
-        let batch = pull_ids(&mut puller.client, "audit", 1_000).await;
+        let batch = pull_ids(&mut puller, "audit", 1_000).await;
         if batch.is_empty() {
             break;
         }
@@ -207,22 +221,17 @@ async fn kill_minus_nine_loses_no_acknowledged_publish_and_cursors_resume() {
         &missing[..missing.len().min(5)]
     );
     // Group g: its first poll after the restart is aligned to the watermark: 20..39 again.
-    assert_eq!(
-        pull_ids(&mut puller.client, "g", 20).await,
-        first[20..40].to_vec()
-    );
+    assert_eq!(pull_ids(&mut puller, "g", 20).await, first[20..40].to_vec());
     // Group h had no watermark: nothing of it is settled, so it starts over at the configured
     // start (earliest), not at its checkpoint (which may be past un-ACKed records).
-    assert_eq!(
-        pull_ids(&mut puller.client, "h", 5).await,
-        first[0..5].to_vec()
-    );
+    assert_eq!(pull_ids(&mut puller, "h", 5).await, first[0..5].to_vec());
     // A dispatcher re-attach realigns g again, without a restart.
     let attached = puller
         .client
         .attach(pb::AttachRequest {
             dispatcher_id: "d".into(),
             readers: vec![reader("g")],
+            positions: Vec::new(),
         })
         .await
         .unwrap()

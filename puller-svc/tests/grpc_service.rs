@@ -1,7 +1,9 @@
 //! PullerService end to end over loopback gRPC, next to a real in-process offset-svc:
 //! publish/pull with stamps and ranges, dispatcher re-attach realigning to the watermark
-//! (frames pulled but never ACKed come back without a puller restart), credit-driven
-//! streaming, long-poll, operator reads, lite channels, and bad input / unavailable offset-svc.
+//! (frames pulled but never ACKed come back without a puller restart), fencing by attach
+//! generation, positions that confirm (a lost response is read again), retention and past-end
+//! reports, credit-driven streaming, long-poll, operator reads, lite channels, and bad input /
+//! unavailable offset-svc.
 
 #![allow(clippy::unwrap_used)] // tests: a failed unwrap is a failed test
 
@@ -29,10 +31,16 @@ struct Stack {
     offset_channel: Channel,
     puller: RunningServer,
     client: PullerServiceClient<Channel>,
+    /// Generations of the readers this test attached.
+    generations: std::collections::HashMap<(String, String), u64>,
     _dir: tempfile::TempDir,
 }
 
 async fn stack(with_offset_svc: bool) -> Stack {
+    stack_with(with_offset_svc, LogSettings::default()).await
+}
+
+async fn stack_with(with_offset_svc: bool, settings: LogSettings) -> Stack {
     let (offsets, offset_channel) = if with_offset_svc {
         let (server, channel) = support::memory_offset_svc().await;
         (Some(server), channel)
@@ -40,20 +48,31 @@ async fn stack(with_offset_svc: bool) -> Stack {
         (None, support::unreachable_channel())
     };
     let dir = tempfile::tempdir().unwrap();
-    let storage: Arc<dyn Storage> = Arc::new(
-        LocalStorage::open(dir.path(), LogSettings::default(), StartAt::Earliest).unwrap(),
-    );
+    let storage: Arc<dyn Storage> =
+        Arc::new(LocalStorage::open(dir.path(), settings, StartAt::Earliest).unwrap());
     let (puller, client) = support::puller_over(storage, offset_channel.clone()).await;
     Stack {
         offsets,
         offset_channel,
         puller,
         client,
+        generations: Default::default(),
         _dir: dir,
     }
 }
 
 impl Stack {
+    /// The reader's generation, attaching it (aligned to its watermark) the first time.
+    async fn generation(&mut self, group: &str, topic: &str) -> u64 {
+        let key = (group.to_owned(), topic.to_owned());
+        if let Some(generation) = self.generations.get(&key) {
+            return *generation;
+        }
+        let generation = support::attach(&mut self.client, "test", reader(group, topic)).await;
+        self.generations.insert(key, generation);
+        generation
+    }
+
     async fn stop(self) {
         self.puller.shutdown();
         self.puller.wait().await.unwrap();
@@ -112,30 +131,45 @@ async fn publish_n(client: &mut PullerServiceClient<Channel>, topic: &str, n: us
     }
 }
 
-async fn pull(
-    client: &mut PullerServiceClient<Channel>,
+async fn pull(stack: &mut Stack, group: &str, topic: &str, max: u32) -> pb::PullResponse {
+    pull_from(stack, group, topic, max, &[]).await.unwrap()
+}
+
+fn positions(at: &[(&str, i64)]) -> Vec<pb::Position> {
+    at.iter()
+        .map(|(partition, next)| pb::Position {
+            partition: (*partition).into(),
+            next: *next,
+        })
+        .collect()
+}
+
+async fn pull_from(
+    stack: &mut Stack,
     group: &str,
     topic: &str,
     max: u32,
-) -> pb::PullResponse {
-    client
+    at: &[(&str, i64)],
+) -> Result<pb::PullResponse, tonic::Status> {
+    let generation = stack.generation(group, topic).await;
+    stack
+        .client
         .pull(pb::PullRequest {
             reader: Some(reader(group, topic)),
-            partition: String::new(),
             max_records: max,
-            max_bytes: 0,
-            max_wait_ms: 0,
+            generation,
+            positions: positions(at),
+            ..Default::default()
         })
         .await
-        .unwrap()
-        .into_inner()
+        .map(tonic::Response::into_inner)
 }
 
 #[tokio::test]
 async fn publish_and_pull_with_stamps_and_ranges() {
     let mut stack = stack(true).await;
     publish_n(&mut stack.client, "orders", 3).await;
-    let response = pull(&mut stack.client, "", "orders", 10).await;
+    let response = pull(&mut stack, "", "orders", 10).await;
     assert_eq!(ids(&response), ["e0", "e1", "e2"]);
     assert_eq!(response.records[2].offset, 2);
     assert_eq!(response.records[2].body_kind, pb::BodyKind::Frame as i32);
@@ -144,7 +178,8 @@ async fn publish_and_pull_with_stamps_and_ranges() {
         [pb::PartitionRange {
             partition: "0".into(),
             first: 0,
-            next: 3
+            next: 3,
+            lost_to_retention: 0,
         }]
     );
     let end = stack
@@ -178,10 +213,7 @@ async fn publish_and_pull_with_stamps_and_ranges() {
 async fn a_dispatcher_reattach_realigns_without_a_restart() {
     let mut stack = stack(true).await;
     publish_n(&mut stack.client, "orders", 8).await;
-    assert_eq!(
-        pull(&mut stack.client, "", "orders", 8).await.records.len(),
-        8
-    );
+    assert_eq!(pull(&mut stack, "", "orders", 8).await.records.len(), 8);
     // The dispatcher settled 0..4 and 7 (out of order), then died holding 5 and 6.
     OffsetServiceClient::new(stack.offset_channel.clone())
         .write_offsets(WriteOffsetsRequest {
@@ -202,15 +234,178 @@ async fn a_dispatcher_reattach_realigns_without_a_restart() {
         .attach(pb::AttachRequest {
             dispatcher_id: "dispatcher-2".into(),
             readers: vec![reader("", "orders")],
+            positions: Vec::new(),
         })
         .await
         .unwrap()
         .into_inner();
     assert_eq!(attached.cursors[0].next_offset, 5);
+    stack.generations.insert(
+        (String::new(), "orders".into()),
+        attached.generations[0].generation,
+    );
     assert_eq!(
-        ids(&pull(&mut stack.client, "", "orders", 10).await),
+        ids(&pull(&mut stack, "", "orders", 10).await),
         ["e5", "e6", "e7"]
     );
+    stack.stop().await;
+}
+
+/// A second (or stale) dispatcher cannot move a reader it does not hold: its pulls are
+/// refused, naming the holder; a reader never attached is refused without one.
+#[tokio::test]
+async fn pulls_carry_the_attach_generation_and_a_stale_one_is_refused() {
+    let mut stack = stack(true).await;
+    publish_n(&mut stack.client, "fenced", 4).await;
+    let old = support::attach(&mut stack.client, "dispatcher-a", reader("g", "fenced")).await;
+    let request = |generation| pb::PullRequest {
+        reader: Some(reader("g", "fenced")),
+        max_records: 2,
+        generation,
+        ..Default::default()
+    };
+    let first = stack.client.pull(request(old)).await.unwrap().into_inner();
+    assert_eq!(ids(&first), ["e0", "e1"]);
+    let new = support::attach(&mut stack.client, "dispatcher-b", reader("g", "fenced")).await;
+    assert_ne!(new, old);
+    let refused = stack.client.pull(request(old)).await.unwrap_err();
+    assert_eq!(refused.code(), Code::FailedPrecondition);
+    assert_eq!(
+        refused.metadata().get("em-reader-holder").unwrap(),
+        "dispatcher-b"
+    );
+    assert!(
+        refused.message().contains("dispatcher-b"),
+        "{}",
+        refused.message()
+    );
+    // The refused pull moved nothing: the holder reads from where its attach put it.
+    let holder = stack.client.pull(request(new)).await.unwrap().into_inner();
+    assert_eq!(ids(&holder), ["e0", "e1"]);
+    let never = stack
+        .client
+        .pull(pb::PullRequest {
+            reader: Some(reader("other", "fenced")),
+            generation: new,
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(never.code(), Code::FailedPrecondition);
+    assert!(never.metadata().get("em-reader-holder").is_none());
+    assert!(
+        never.message().contains("not attached"),
+        "{}",
+        never.message()
+    );
+    stack.stop().await;
+}
+
+/// The hole: a response lost after the cursor moved. Naming the position the last kept
+/// batch ended at reads it again instead of skipping it.
+#[tokio::test]
+async fn a_lost_response_is_read_again_from_the_confirmed_position() {
+    let mut stack = stack(true).await;
+    publish_n(&mut stack.client, "confirm", 6).await;
+    let lost = pull_from(&mut stack, "g", "confirm", 3, &[("0", 0)])
+        .await
+        .unwrap();
+    assert_eq!(ids(&lost), ["e0", "e1", "e2"]);
+    // The answer never arrived: the caller names the same position again.
+    let again = pull_from(&mut stack, "g", "confirm", 3, &[("0", 0)])
+        .await
+        .unwrap();
+    assert_eq!(ids(&again), ["e0", "e1", "e2"]);
+    assert_eq!(again.ranges[0].first, 0);
+    let next = pull_from(&mut stack, "g", "confirm", 10, &[("0", 3)])
+        .await
+        .unwrap();
+    assert_eq!(ids(&next), ["e3", "e4", "e5"]);
+    assert_eq!((next.ranges[0].first, next.ranges[0].next), (3, 6));
+    stack.stop().await;
+}
+
+/// Positions name what is read; the others are reported with their ranges. A position below
+/// the log start reports what retention removed; one past the end is reported and not moved.
+#[tokio::test]
+async fn positions_report_unpositioned_partitions_retention_losses_and_past_end() {
+    let settings = LogSettings {
+        segment_bytes: 512,
+        retention_bytes: Some(1024),
+        retention_ms: None,
+        ..LogSettings::default()
+    };
+    let mut stack = stack_with(true, settings).await;
+    stack
+        .client
+        .create_topic(pb::CreateTopicRequest {
+            topic: "ret".into(),
+            partitions: 2,
+        })
+        .await
+        .unwrap();
+    for i in 0..60 {
+        stack
+            .client
+            .publish(pb::PublishRequest {
+                topic: "ret".into(),
+                body: event(&format!("e{i}")),
+                partition: "0".into(),
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+    }
+    let ends = stack
+        .client
+        .end_offsets(pb::EndOffsetsRequest {
+            topic: "ret".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let start = ends.partitions[0].start;
+    assert!(start > 0, "retention removed the oldest segments");
+    let batch = pull_from(&mut stack, "g", "ret", 5, &[("0", 0)])
+        .await
+        .unwrap();
+    assert_eq!(
+        batch.ranges[0].first, 0,
+        "the range starts where the read started"
+    );
+    assert_eq!(batch.ranges[0].lost_to_retention, start);
+    assert_eq!(batch.records[0].offset, start);
+    assert_eq!(
+        batch.unpositioned,
+        [pb::PartitionOffsets {
+            partition: "1".into(),
+            start: 0,
+            end: 0
+        }]
+    );
+    let past = pull_from(&mut stack, "g", "ret", 5, &[("0", 500)])
+        .await
+        .unwrap();
+    assert!(past.records.is_empty() && past.ranges.is_empty());
+    assert_eq!(
+        past.past_end,
+        [pb::PastEnd {
+            partition: "0".into(),
+            position: 500,
+            log_start: start,
+            log_end: 60
+        }]
+    );
+    let cursors = stack
+        .client
+        .cursors(pb::CursorsRequest {
+            topic: "ret".into(),
+            group: "g".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(cursors.cursors[0].next_offset, 500, "reported, not moved");
     stack.stop().await;
 }
 
@@ -231,8 +426,13 @@ async fn the_stream_pushes_only_within_credit() {
             records,
         })),
     };
+    let generation = stack.generation("", "s").await;
     tx.send(pb::PullStreamRequest {
-        kind: Some(Kind::OpenReader(reader("", "s"))),
+        kind: Some(Kind::Open(pb::OpenReader {
+            reader: Some(reader("", "s")),
+            generation,
+            positions: Vec::new(),
+        })),
     })
     .await
     .unwrap();
@@ -267,6 +467,29 @@ async fn the_stream_pushes_only_within_credit() {
     stack.stop().await;
 }
 
+/// An open without a generation (the superseded form) is refused.
+#[tokio::test]
+async fn a_stream_open_without_a_generation_is_refused() {
+    let mut stack = stack(true).await;
+    publish_n(&mut stack.client, "s", 1).await;
+    let (tx, rx) = tokio::sync::mpsc::channel(8);
+    let mut inbound = stack
+        .client
+        .pull_stream(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await
+        .unwrap()
+        .into_inner();
+    tx.send(pb::PullStreamRequest {
+        kind: Some(Kind::OpenReader(reader("", "s"))),
+    })
+    .await
+    .unwrap();
+    let status = inbound.message().await.unwrap_err();
+    assert_eq!(status.code(), Code::FailedPrecondition);
+    drop(tx);
+    stack.stop().await;
+}
+
 #[tokio::test]
 async fn a_long_poll_returns_when_a_record_arrives() {
     let mut stack = stack(true).await;
@@ -284,14 +507,15 @@ async fn a_long_poll_returns_when_a_record_arrives() {
             .await
             .unwrap();
     });
+    let generation = stack.generation("", "lp").await;
     let response = stack
         .client
         .pull(pb::PullRequest {
             reader: Some(reader("", "lp")),
-            partition: String::new(),
             max_records: 10,
-            max_bytes: 0,
             max_wait_ms: 10_000,
+            generation,
+            ..Default::default()
         })
         .await
         .unwrap()
@@ -384,9 +608,10 @@ async fn bad_input_unknown_topics_and_an_unavailable_offset_svc() {
     publish_n(&mut stack.client, "t", 1).await;
     let status = stack
         .client
-        .pull(pb::PullRequest {
-            reader: Some(reader("", "t")),
-            ..Default::default()
+        .attach(pb::AttachRequest {
+            dispatcher_id: "d".into(),
+            readers: vec![reader("", "t")],
+            positions: Vec::new(),
         })
         .await
         .unwrap_err();

@@ -15,7 +15,7 @@ use eventmesh_testkit::KafkaBroker as Broker;
 use puller_svc::cursors::{Alignment, StartAt};
 use puller_svc::ingest::BodyKind;
 use puller_svc::storage::kafka::KafkaStorage;
-use puller_svc::storage::{PollLimits, PolledBatch, ReaderKey, Storage, StorageError};
+use puller_svc::storage::{PollLimits, PolledBatch, ReaderKey, Selection, Storage, StorageError};
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::{Header, OwnedHeaders};
@@ -47,7 +47,7 @@ async fn poll_n(storage: &KafkaStorage, reader: &ReaderKey, n: usize) -> PolledB
     let mut all = PolledBatch::default();
     for _ in 0..100 {
         let batch = storage
-            .poll(reader, None, limits(n - all.records.len()))
+            .poll(reader, &Selection::All, limits(n - all.records.len()))
             .await
             .unwrap();
         all.records.extend(batch.records);
@@ -248,7 +248,7 @@ async fn unknown_topics_and_lite_are_clear_errors(bootstrap: &str) {
     let storage = KafkaStorage::new(bootstrap, dir.path(), StartAt::Earliest).unwrap();
     let missing = Topic::new("em-kafka-missing").unwrap();
     let err = storage
-        .poll(&reader(None, &missing), None, limits(1))
+        .poll(&reader(None, &missing), &Selection::All, limits(1))
         .await
         .unwrap_err();
     assert!(matches!(err, StorageError::UnknownTopic(_)), "{err}");
@@ -284,7 +284,7 @@ async fn a_frozen_broker_is_unavailable_then_recovers() {
     let group = reader(None, &topic);
     assert_eq!(ids(&poll_n(&storage, &group, 1).await), ["e0"]);
     broker.signal("-STOP");
-    let frozen = storage.poll(&group, None, limits(10)).await;
+    let frozen = storage.poll(&group, &Selection::All, limits(10)).await;
     broker.signal("-CONT");
     match frozen {
         Err(StorageError::Unavailable(why)) => assert!(why.contains("kafka"), "{why}"),
@@ -322,7 +322,7 @@ async fn one_partition_at_a_time_drops_nothing(bootstrap: &str) {
     let mut zero = Vec::new();
     for _ in 0..100 {
         let batch = storage
-            .poll(&group, Some(&PartitionId::number(0)), limits(10))
+            .poll(&group, &Selection::One(PartitionId::number(0)), limits(10))
             .await
             .unwrap();
         zero.extend(ids(&batch));
@@ -370,15 +370,18 @@ async fn publish_and_pull_through_the_grpc_service(bootstrap: &str) {
             .unwrap();
     }
     let mut got = Vec::new();
+    let reader = pb::GroupTopic {
+        group: String::new(),
+        topic: "em-kafka-grpc".into(),
+    };
+    let generation = support::attach(&mut client, "test", reader.clone()).await;
     for _ in 0..50 {
         let response = client
             .pull(pb::PullRequest {
-                reader: Some(pb::GroupTopic {
-                    group: String::new(),
-                    topic: "em-kafka-grpc".into(),
-                }),
+                reader: Some(reader.clone()),
                 max_records: 10,
                 max_wait_ms: 200,
+                generation,
                 ..Default::default()
             })
             .await

@@ -11,7 +11,9 @@ use puller_svc::cursors::{Alignment, StartAt};
 use puller_svc::ingest::BodyKind;
 use puller_svc::local_log::LogSettings;
 use puller_svc::storage::local::LocalStorage;
-use puller_svc::storage::{AckPulledOutcome, PollLimits, ReaderKey, Storage, StorageError};
+use puller_svc::storage::{
+    AckPulledOutcome, PollLimits, ReaderKey, Selection, Storage, StorageError,
+};
 
 fn settings() -> LogSettings {
     LogSettings {
@@ -88,7 +90,10 @@ async fn polled_records_are_stamped_and_ranges_reported() {
         assert_eq!(appended.offset, i64::from(i / 2));
     }
     let group = reader(None, &topic);
-    let batch = storage.poll(&group, None, limits(100)).await.unwrap();
+    let batch = storage
+        .poll(&group, &Selection::All, limits(100))
+        .await
+        .unwrap();
     assert_eq!(ids(&batch), ["e0", "e2", "e1", "e3"]);
     for record in &batch.records {
         let frame = Frame::decode(&record.ingested.frame, &FrameLimits::DEFAULT).unwrap();
@@ -110,7 +115,7 @@ async fn polled_records_are_stamped_and_ranges_reported() {
     assert_eq!(ranges, [("0".into(), 0, 2), ("1".into(), 0, 2)]);
     assert!(
         storage
-            .poll(&group, None, limits(100))
+            .poll(&group, &Selection::All, limits(100))
             .await
             .unwrap()
             .records
@@ -133,7 +138,7 @@ async fn groups_read_independently_and_resume_after_restart() {
         topic_with(&storage, topic.as_str(), 1, 10).await;
         assert_eq!(
             storage
-                .poll(&fast, None, limits(8))
+                .poll(&fast, &Selection::All, limits(8))
                 .await
                 .unwrap()
                 .records
@@ -141,7 +146,10 @@ async fn groups_read_independently_and_resume_after_restart() {
             8
         );
         assert_eq!(
-            ids(&storage.poll(&slow, None, limits(2)).await.unwrap()),
+            ids(&storage
+                .poll(&slow, &Selection::All, limits(2))
+                .await
+                .unwrap()),
             ["e0", "e1"]
         );
         storage.checkpoint().await.unwrap();
@@ -158,11 +166,17 @@ async fn groups_read_independently_and_resume_after_restart() {
     );
     let storage = open(dir.path());
     assert_eq!(
-        ids(&storage.poll(&fast, None, limits(100)).await.unwrap()),
+        ids(&storage
+            .poll(&fast, &Selection::All, limits(100))
+            .await
+            .unwrap()),
         ["e8", "e9"]
     );
     assert_eq!(
-        ids(&storage.poll(&slow, None, limits(3)).await.unwrap()),
+        ids(&storage
+            .poll(&slow, &Selection::All, limits(3))
+            .await
+            .unwrap()),
         ["e2", "e3", "e4"]
     );
     assert_eq!(
@@ -184,7 +198,7 @@ async fn restart_alignment_repulls_everything_above_the_watermark() {
         for _ in 0..8 {
             assert_eq!(
                 storage
-                    .poll(&group, None, limits(1))
+                    .poll(&group, &Selection::All, limits(1))
                     .await
                     .unwrap()
                     .records
@@ -206,7 +220,10 @@ async fn restart_alignment_repulls_everything_above_the_watermark() {
             to: 5
         }
     );
-    let batch = storage.poll(&group, None, limits(10)).await.unwrap();
+    let batch = storage
+        .poll(&group, &Selection::All, limits(10))
+        .await
+        .unwrap();
     assert_eq!(
         ids(&batch),
         ["e5", "e6", "e7", "e8", "e9"],
@@ -221,7 +238,7 @@ async fn a_partition_filter_and_limits_are_respected() {
     let topic = topic_with(&storage, "t", 3, 30).await;
     let group = reader(None, &topic);
     let only_two = storage
-        .poll(&group, Some(&PartitionId::number(2)), limits(100))
+        .poll(&group, &Selection::One(PartitionId::number(2)), limits(100))
         .await
         .unwrap();
     assert_eq!(only_two.records.len(), 10);
@@ -231,7 +248,10 @@ async fn a_partition_filter_and_limits_are_respected() {
             .iter()
             .all(|r| r.partition == PartitionId::number(2))
     );
-    let limited = storage.poll(&group, None, limits(6)).await.unwrap();
+    let limited = storage
+        .poll(&group, &Selection::All, limits(6))
+        .await
+        .unwrap();
     assert_eq!(limited.records.len(), 6);
     assert_eq!(
         limited.ranges.len(),
@@ -260,7 +280,7 @@ async fn foreign_bodies_are_delivered_and_broken_frames_flagged() {
             .unwrap();
     }
     let batch = storage
-        .poll(&reader(None, &topic), None, limits(10))
+        .poll(&reader(None, &topic), &Selection::All, limits(10))
         .await
         .unwrap();
     let kinds: Vec<BodyKind> = batch.records.iter().map(|r| r.ingested.kind).collect();
@@ -353,7 +373,7 @@ async fn unknown_topics_and_partitions_are_not_found() {
     let storage = open(dir.path());
     let missing = Topic::new("missing").unwrap();
     let err = storage
-        .poll(&reader(None, &missing), None, limits(1))
+        .poll(&reader(None, &missing), &Selection::All, limits(1))
         .await
         .unwrap_err();
     assert!(matches!(err, StorageError::UnknownTopic(_)), "{err}");
@@ -363,7 +383,7 @@ async fn unknown_topics_and_partitions_are_not_found() {
     let err = storage
         .poll(
             &reader(None, &topic),
-            Some(&PartitionId::number(5)),
+            &Selection::One(PartitionId::number(5)),
             limits(1),
         )
         .await

@@ -29,6 +29,8 @@
 //! dropped unsettled (the watermark stays below them, so the reader pulls them again when the
 //! group returns), and the actor ends.
 
+mod intake;
+mod sessions;
 mod state;
 
 use std::collections::{BTreeSet, HashMap, VecDeque};
@@ -38,16 +40,15 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use eventmesh_common::keys::{ClientId, OffsetClient, OffsetKey, PartitionId};
 use eventmesh_proto::client as pb;
 use eventmesh_proto::client::AckOutcome;
-use eventmesh_proto::puller::{BodyKind, PullResponse};
+use eventmesh_proto::puller::PullResponse;
 use tokio::sync::{mpsc, oneshot, watch};
 
-use crate::budget::{Charge, TopicBudget, kib_cost};
+use crate::budget::{Charge, TopicBudget};
 use crate::crash::{CrashPoint, crash_point};
 use crate::delivery_id::DeliveryId;
-use crate::event::decode_for_delivery;
 use crate::offset_writer::{WriteJob, WriteNotice};
 use crate::registry::{GroupKey, Shared};
-use crate::watermark::{Admission, ClientWatermark, GroupWatermark};
+use crate::watermark::{ClientWatermark, GroupWatermark};
 
 pub use state::{Delivery, DeliveryState};
 
@@ -70,6 +71,8 @@ pub enum Outbound {
     },
     /// An outcome for the client.
     Result(pb::AckResult),
+    /// The group ended under the session: the stream ends with this status.
+    End(tonic::Status),
 }
 
 /// A session as its group sees it.
@@ -156,6 +159,24 @@ pub enum GroupCmd {
     },
     /// The instance is shutting down.
     Stop,
+    /// End the group now (its reader was taken over, or its offsets are being changed): every
+    /// session's stream ends with `status`; nothing unsettled is answered or retired, so it
+    /// comes back from the group's next reader.
+    End {
+        /// What the sessions are told.
+        status: tonic::Status,
+        /// Told how many sessions were ended.
+        reply: Option<oneshot::Sender<u32>>,
+    },
+}
+
+/// When a delivery's next attempt is made.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Retry {
+    /// At once (its session left).
+    Now,
+    /// After this delay (`None`: the backoff schedule).
+    After(Option<Duration>),
 }
 
 /// What the pull loop may do.
@@ -177,6 +198,8 @@ pub struct GroupInit {
     pub number: u64,
     /// Stored (or start-position) watermarks per partition.
     pub seeds: HashMap<PartitionId, i64>,
+    /// Stored counts of offsets lost to retention per partition.
+    pub lost: HashMap<PartitionId, i64>,
     /// The topic's buffer budget.
     pub budget: Arc<TopicBudget>,
 }
@@ -196,16 +219,37 @@ pub(crate) struct Group {
     ready: VecDeque<u64>,
     timers: BTreeSet<(Instant, u64)>,
     seeds: HashMap<PartitionId, i64>,
+    lost_seeds: HashMap<PartitionId, i64>,
     partitions: HashMap<PartitionId, PartitionTrack>,
     clients: HashMap<(ClientId, PartitionId), ClientTrack>,
     grace_until: Option<Instant>,
     closing: bool,
     writes_healthy: bool,
+    ended: watch::Sender<bool>,
 }
 
 struct SessionSlot {
     link: SessionLink,
+    /// Deliveries assigned or sent to it and not settled.
     in_flight: u32,
+    /// Of those, the ones its stream has not taken yet.
+    unwritten: u32,
+    /// Since when it has had deliveries its stream did not take (reset by every take).
+    waiting_since: Option<Instant>,
+    /// Its stream took nothing for the assignment timeout: it gets nothing new until it does.
+    stalled: bool,
+}
+
+impl SessionSlot {
+    fn new(link: SessionLink) -> Self {
+        SessionSlot {
+            link,
+            in_flight: 0,
+            unwritten: 0,
+            waiting_since: None,
+            stalled: false,
+        }
+    }
 }
 
 struct PartitionTrack {
@@ -216,6 +260,10 @@ struct PartitionTrack {
     durable: i64,
     /// Deliveries (offset, seq) whose own write is durable, waiting for `durable` to pass them.
     covering: BTreeSet<(i64, u64)>,
+    /// Offsets lost to retention so far, as stored with the watermark that passed them.
+    lost_total: i64,
+    /// Losses the written watermark has not passed yet: (end of the lost span, count).
+    lost_pending: std::collections::VecDeque<(i64, i64)>,
 }
 
 #[derive(Default)]
@@ -224,17 +272,18 @@ struct ClientTrack {
     submitted: i64,
 }
 
-/// Starts a group actor; returns its command sender and the pull gate.
+/// Starts a group actor; returns its command sender, the pull gate and its end signal.
 pub(crate) fn spawn(
     shared: Arc<Shared>,
     init: GroupInit,
 ) -> (
     mpsc::UnboundedSender<GroupCmd>,
     watch::Receiver<PullGate>,
-    tokio::task::JoinHandle<()>,
+    watch::Receiver<bool>,
 ) {
     let (cmd_tx, cmd_rx) = mpsc::unbounded_channel();
     let (gate, gate_rx) = watch::channel(PullGate::Paused);
+    let (ended, ended_rx) = watch::channel(false);
     let writes_healthy = *shared.writer.health().borrow();
     let group = Group {
         shared,
@@ -250,14 +299,16 @@ pub(crate) fn spawn(
         ready: VecDeque::new(),
         timers: BTreeSet::new(),
         seeds: init.seeds,
+        lost_seeds: init.lost,
         partitions: HashMap::new(),
         clients: HashMap::new(),
         grace_until: None,
         closing: false,
         writes_healthy,
+        ended,
     };
-    let task = tokio::spawn(group.run(cmd_rx));
-    (cmd_tx, gate_rx, task)
+    tokio::spawn(group.run(cmd_rx));
+    (cmd_tx, gate_rx, ended_rx)
 }
 
 fn now_unix_ms() -> i64 {
@@ -290,10 +341,20 @@ impl Group {
             tokio::select! {
                 command = commands.recv() => match command {
                     Some(GroupCmd::Stop) | None => break,
+                    Some(GroupCmd::End { status, reply }) => {
+                        let ended = self.end_sessions(&status);
+                        if let Some(reply) = reply {
+                            let _ = reply.send(ended);
+                        }
+                        break;
+                    }
                     Some(command) => self.handle(command),
                 },
                 () = sleep_until(wake) => self.on_timers(Instant::now()),
-                _ = flush.tick() => self.flush_watermarks(),
+                _ = flush.tick() => {
+                    self.flush_watermarks();
+                    self.check_stalled(Instant::now());
+                }
                 changed = health.changed() => {
                     if changed.is_ok() {
                         self.writes_healthy = *health.borrow_and_update();
@@ -315,8 +376,21 @@ impl Group {
             }
         }
         self.release_all();
+        self.budget.leave(&self.group_label());
         self.shared.group_ended(&self.key, self.number);
+        let _ = self.ended.send(true);
         tracing::info!(group = %self.key, "subscription group ended");
+    }
+
+    /// Tells every session the group ended under it; returns how many there were.
+    fn end_sessions(&mut self, status: &tonic::Status) -> u32 {
+        tracing::info!(group = %self.key, sessions = self.sessions.len(), code = ?status.code(), message = status.message(), "ending the group now");
+        self.closing = true;
+        let count = self.sessions.len() as u32;
+        for slot in self.sessions.drain(..) {
+            let _ = slot.link.out.send(Outbound::End(status.clone()));
+        }
+        count
     }
 
     fn grace(&self) -> Duration {
@@ -333,10 +407,7 @@ impl Group {
                 let accepted = !self.closing;
                 if accepted {
                     tracing::debug!(group = %self.key, session = session.id, client = %session.client, "session joined");
-                    self.sessions.push(SessionSlot {
-                        link: session,
-                        in_flight: 0,
-                    });
+                    self.sessions.push(SessionSlot::new(session));
                     self.grace_until = None;
                     self.update_gate();
                 }
@@ -359,7 +430,7 @@ impl Group {
                 cursor,
             } => self.write_notice(token, notice, cursor),
             GroupCmd::DeadLettered { seq } => self.dead_lettered(seq),
-            GroupCmd::Stop => {}
+            GroupCmd::Stop | GroupCmd::End { .. } => {}
         }
     }
 
@@ -375,213 +446,6 @@ impl Group {
             .send_if_modified(|g| std::mem::replace(g, gate) != gate);
     }
 
-    // ---- intake ------------------------------------------------------------------------
-
-    fn pulled(&mut self, batch: PullResponse, charge: Charge) {
-        let mut unused = charge;
-        for record in batch.records {
-            let Ok(partition) = PartitionId::new(record.partition.clone()) else {
-                tracing::error!(
-                    partition = record.partition,
-                    "puller sent an invalid partition id; record ignored (it stays unsettled)"
-                );
-                continue;
-            };
-            let track = self.partition(&partition, record.offset);
-            match track.tracker.admit(record.offset) {
-                Admission::Deliver => {}
-                admission => {
-                    tracing::trace!(group = %self.key, %partition, offset = record.offset, ?admission, "duplicate record dropped");
-                    continue;
-                }
-            }
-            let cost = Charge {
-                records: 1,
-                kib: kib_cost(record.frame.len()),
-            };
-            unused.records = unused.records.saturating_sub(cost.records);
-            unused.kib = unused.kib.saturating_sub(cost.kib);
-            let seq = self.next_seq;
-            self.next_seq += 1;
-            let id = DeliveryId {
-                epoch: self.shared.epoch,
-                group: self.number,
-                seq,
-            };
-            let malformed = match BodyKind::try_from(record.body_kind) {
-                Ok(BodyKind::MalformedFrame) => Some(record.malformed_reason.clone()),
-                _ => None,
-            };
-            let (event, problem) = match malformed {
-                Some(reason) => (None, Some(reason)),
-                None => match decode_for_delivery(&record.frame) {
-                    Ok(event) => (Some(event), None),
-                    Err(err) => (None, Some(format!("frame does not decode: {err}"))),
-                },
-            };
-            let delivery = Delivery::new(
-                id.to_string(),
-                partition,
-                record.offset,
-                event,
-                record.frame,
-                record.ack_key,
-                cost,
-            );
-            self.deliveries.insert(seq, delivery);
-            match problem {
-                Some(reason) => self.dead_letter(seq, reason),
-                None => self.ready.push_back(seq),
-            }
-        }
-        for range in batch.ranges {
-            let Ok(partition) = PartitionId::new(range.partition) else {
-                continue;
-            };
-            self.partition(&partition, range.first)
-                .tracker
-                .cover(range.next);
-        }
-        // Budget reserved but not filled (duplicates, short batches) goes back at once.
-        if unused != Charge::default() {
-            self.budget.release(&self.group_label(), unused);
-        }
-        self.pump();
-    }
-
-    /// The partition's tracker, seeded from the stored watermark or, for a partition the
-    /// group has no progress in, from just below the first offset the reader delivers.
-    fn partition(&mut self, partition: &PartitionId, first_seen: i64) -> &mut PartitionTrack {
-        let seeds = &self.seeds;
-        self.partitions.entry(partition.clone()).or_insert_with(|| {
-            let seed = seeds.get(partition).copied().unwrap_or(first_seen - 1);
-            PartitionTrack {
-                tracker: GroupWatermark::new(seed),
-                submitted: seed,
-                durable: seed,
-                covering: BTreeSet::new(),
-            }
-        })
-    }
-
-    // ---- sending -----------------------------------------------------------------------
-
-    /// Hands ready deliveries to sessions with spare capacity, round robin.
-    fn pump(&mut self) {
-        while !self.sessions.is_empty() {
-            let Some(&seq) = self.ready.front() else {
-                return;
-            };
-            let still_ready = self
-                .deliveries
-                .get(&seq)
-                .is_some_and(|d| d.state == DeliveryState::Ready);
-            if !still_ready {
-                self.ready.pop_front();
-                continue;
-            }
-            let count = self.sessions.len();
-            let Some(index) = (0..count)
-                .map(|i| (self.next_session + i) % count)
-                .find(|i| self.sessions[*i].in_flight < self.sessions[*i].link.max_in_flight)
-            else {
-                return; // every session is full
-            };
-            self.ready.pop_front();
-            self.next_session = (index + 1) % count;
-            let slot = &mut self.sessions[index];
-            let Some(delivery) = self.deliveries.get_mut(&seq) else {
-                continue;
-            };
-            let message = Box::new(delivery.message(&self.key.topic));
-            delivery.state = DeliveryState::Assigned {
-                session: slot.link.id,
-            };
-            delivery.note_client(&slot.link.client);
-            let client_key = (slot.link.client.clone(), delivery.partition.clone());
-            let offset = delivery.offset;
-            let sent = slot.link.out.send(Outbound::Delivery {
-                message,
-                seq,
-                group: self.cmd_tx.clone(),
-            });
-            if sent.is_err() {
-                // The session is going away; its Leave will follow and reassign.
-                delivery.state = DeliveryState::Ready;
-                self.ready.push_front(seq);
-                return;
-            }
-            slot.in_flight += 1;
-            self.clients
-                .entry(client_key)
-                .or_default()
-                .tracker
-                .sent(offset);
-            metrics::counter!("dispatcher_deliveries_total").increment(1);
-        }
-    }
-
-    fn written(&mut self, seq: u64, session: u64, at: Instant) {
-        let timeout = self.shared.settings.ack_timeout();
-        let Some(delivery) = self.deliveries.get_mut(&seq) else {
-            return;
-        };
-        if delivery.state != (DeliveryState::Assigned { session }) {
-            return; // settled or reassigned meanwhile
-        }
-        delivery.state = DeliveryState::Sent { session };
-        let deadline = at + timeout + delivery.extension.take().unwrap_or_default();
-        set_timer(&mut self.timers, delivery, seq, deadline);
-        crash_point(CrashPoint::AfterDeliver);
-    }
-
-    fn session_slot(&mut self, session: u64) -> Option<&mut SessionSlot> {
-        self.sessions.iter_mut().find(|s| s.link.id == session)
-    }
-
-    /// Frees the in-flight slot a delivery held, if any.
-    fn free_slot(&mut self, state: DeliveryState) {
-        if let DeliveryState::Assigned { session } | DeliveryState::Sent { session } = state
-            && let Some(slot) = self.session_slot(session)
-        {
-            slot.in_flight = slot.in_flight.saturating_sub(1);
-        }
-    }
-
-    fn leave(&mut self, session: u64) {
-        let Some(index) = self.sessions.iter().position(|s| s.link.id == session) else {
-            return;
-        };
-        self.sessions.remove(index);
-        if self.next_session >= self.sessions.len() {
-            self.next_session = 0;
-        }
-        let held: Vec<u64> = self
-            .deliveries
-            .iter()
-            .filter(|(_, d)| d.state.session() == Some(session))
-            .map(|(seq, _)| *seq)
-            .collect();
-        tracing::debug!(group = %self.key, session, reassigned = held.len(), "session left");
-        for seq in held {
-            let was_written = self
-                .deliveries
-                .get(&seq)
-                .is_some_and(|d| matches!(d.state, DeliveryState::Sent { .. }));
-            if was_written {
-                self.retry(seq, None, "its session left");
-            } else if let Some(delivery) = self.deliveries.get_mut(&seq) {
-                delivery.state = DeliveryState::Ready;
-                self.ready.push_front(seq);
-            }
-        }
-        if self.sessions.is_empty() {
-            self.grace_until = Some(Instant::now() + self.grace());
-        }
-        self.update_gate();
-        self.pump();
-    }
-
     // ---- client requests ----------------------------------------------------------------
 
     fn settle_request(
@@ -595,6 +459,9 @@ impl Group {
         let reply = |outcome, detail: &str| {
             let _ = reply_to.send(result(raw_id, outcome, detail));
         };
+        // One client may not hold a delivery away from its group for long: NACK delays and
+        // extensions are capped, and the answer says so.
+        let (op, capped) = self.shared.settings.cap(op);
         let Some(delivery) = self.deliveries.get_mut(&id.seq) else {
             if id.seq < self.next_seq {
                 reply(AckOutcome::AlreadySettled, "already settled");
@@ -630,29 +497,32 @@ impl Group {
                 self.pump();
             }
             (SettleOp::Nack(delay), _) => {
-                self.retry(id.seq, delay, "NACKed");
-                reply(AckOutcome::Nacked, "");
+                self.retry(id.seq, Retry::After(delay), "NACKed");
+                reply(AckOutcome::Nacked, &capped);
                 self.pump();
             }
             (SettleOp::Extend(extra), DeliveryState::Sent { .. }) => {
                 let deadline = Instant::now() + extra;
                 set_timer(&mut self.timers, delivery, id.seq, deadline);
-                reply(AckOutcome::Extended, "");
+                reply(AckOutcome::Extended, &capped);
             }
             (SettleOp::Extend(extra), _) => {
                 // Not written yet (or waiting for a retry): the clock starts later; remember.
                 delivery.extension = Some(extra);
-                reply(
-                    AckOutcome::Extended,
-                    "the ACK clock starts when the delivery is written",
-                );
+                let detail = ["the ACK clock starts when the delivery is written", &capped]
+                    .iter()
+                    .filter(|part| !part.is_empty())
+                    .copied()
+                    .collect::<Vec<_>>()
+                    .join("; ");
+                reply(AckOutcome::Extended, &detail);
             }
         }
     }
 
     /// NACK, timeout or a lost session: back off and redeliver, or dead-letter after the last
     /// attempt.
-    fn retry(&mut self, seq: u64, delay: Option<Duration>, why: &str) {
+    fn retry(&mut self, seq: u64, when: Retry, why: &str) {
         let max_attempts = self.shared.settings.max_attempts;
         let Some(delivery) = self.deliveries.get_mut(&seq) else {
             return;
@@ -666,10 +536,18 @@ impl Group {
             return;
         }
         delivery.attempt += 1;
-        delivery.state = DeliveryState::Backoff;
-        let wait = delay.unwrap_or_else(|| self.shared.settings.backoff(delivery.attempt));
-        set_timer(&mut self.timers, delivery, seq, Instant::now() + wait);
         metrics::counter!("dispatcher_redeliveries_total").increment(1);
+        match when {
+            Retry::Now => {
+                delivery.state = DeliveryState::Ready;
+                self.ready.push_front(seq);
+            }
+            Retry::After(delay) => {
+                delivery.state = DeliveryState::Backoff;
+                let wait = delay.unwrap_or_else(|| self.shared.settings.backoff(delivery.attempt));
+                set_timer(&mut self.timers, delivery, seq, Instant::now() + wait);
+            }
+        }
         self.free_slot(state);
     }
 
@@ -689,7 +567,7 @@ impl Group {
             match delivery.state {
                 DeliveryState::Sent { .. } => {
                     metrics::counter!("dispatcher_ack_timeouts_total").increment(1);
-                    self.retry(seq, None, "ACK timeout");
+                    self.retry(seq, Retry::After(None), "ACK timeout");
                 }
                 DeliveryState::Backoff => {
                     delivery.state = DeliveryState::Ready;
@@ -722,7 +600,11 @@ impl Group {
             let watermark = track.tracker.watermark();
             if watermark >= 0 {
                 track.submitted = track.submitted.max(watermark);
+                let lost = track.passed_losses(watermark);
                 entries.push((self.cursor_key(&partition), watermark));
+                if let Some(total) = lost {
+                    entries.push((self.lost_key(&partition), total));
+                }
                 cursor = Some((partition.clone(), watermark));
             }
         }
@@ -768,6 +650,14 @@ impl Group {
         OffsetKey::new(
             self.key.topic.clone(),
             OffsetClient::MqCursor(self.key.group.clone()),
+            partition.clone(),
+        )
+    }
+
+    fn lost_key(&self, partition: &PartitionId) -> OffsetKey {
+        OffsetKey::new(
+            self.key.topic.clone(),
+            OffsetClient::MqLost(self.key.group.clone()),
             partition.clone(),
         )
     }
@@ -883,9 +773,13 @@ impl Group {
             let watermark = track.tracker.watermark();
             if watermark > track.submitted {
                 track.submitted = watermark;
+                let lost = track.passed_losses(watermark);
                 // One job per partition, so its notice names the watermark it stored; the
                 // writer merges them into one call anyway.
-                let entries = vec![(self.cursor_key(&partition), watermark)];
+                let mut entries = vec![(self.cursor_key(&partition), watermark)];
+                if let Some(total) = lost {
+                    entries.push((self.lost_key(&partition), total));
+                }
                 self.submit(0, entries, Some((partition, watermark)));
             }
         }
@@ -987,4 +881,157 @@ async fn sleep_until(at: Option<Instant>) {
 /// Fills in the ACK deadline of a delivery being written now.
 pub fn stamp_deadline(message: &mut pb::Delivery, timeout: Duration) {
     message.ack_deadline_unix_ms = now_unix_ms() + timeout.as_millis() as i64;
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use crate::broker_ack::BrokerAcker;
+    use crate::config::DeliverySettings;
+    use crate::offset_writer::OffsetWriter;
+    use crate::registry::{GroupKey, SharedParts};
+    use eventmesh_common::keys::{GroupName, Topic};
+    use eventmesh_common::shutdown::CancellationToken;
+    use eventmesh_proto::puller::{PartitionRange, PulledRecord};
+
+    /// A channel to a loopback port nothing listens on: every call fails (and is retried).
+    fn nowhere() -> tonic::transport::Channel {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        tonic::transport::Endpoint::from_shared(format!("http://127.0.0.1:{port}"))
+            .unwrap()
+            .connect_lazy()
+    }
+
+    fn batch(offset: i64) -> PullResponse {
+        let (frame, _) = crate::event::encode_for_publish(pb::Event {
+            id: format!("e{offset}"),
+            ..pb::Event::default()
+        })
+        .unwrap();
+        PullResponse {
+            records: vec![PulledRecord {
+                partition: "0".into(),
+                offset,
+                frame,
+                body_kind: eventmesh_proto::puller::BodyKind::Frame as i32,
+                ..PulledRecord::default()
+            }],
+            ranges: vec![PartitionRange {
+                partition: "0".into(),
+                first: offset,
+                next: offset + 1,
+                lost_to_retention: 0,
+            }],
+            ..PullResponse::default()
+        }
+    }
+
+    /// A batch whose pull started while the group had a session and that arrives after the
+    /// group began closing (here: closing, with an ACK whose offset write cannot finish yet)
+    /// used to be admitted. Its deliveries could never be delivered, so the closing group
+    /// never ended and refused every session of the group until a restart. Now it is not
+    /// admitted: its budget goes back and its records stay unsettled for the next reader.
+    #[tokio::test]
+    async fn a_closing_group_takes_no_batch() {
+        let shutdown = CancellationToken::new();
+        let settings = DeliverySettings {
+            group_grace_ms: 10,
+            ..DeliverySettings::default()
+        };
+        let (writer, _writer_task) =
+            OffsetWriter::spawn(nowhere(), Duration::from_millis(1), false, shutdown.clone());
+        let (broker_acks, _acker_task) =
+            BrokerAcker::spawn(nowhere(), Duration::from_millis(1), shutdown.clone());
+        let shared = Shared::new(SharedParts {
+            settings,
+            instance_id: "test".into(),
+            puller: nowhere(),
+            offsets: nowhere(),
+            writer,
+            broker_acks,
+            shutdown: shutdown.clone(),
+        });
+        let key = GroupKey {
+            topic: Topic::new("race").unwrap(),
+            group: Some(GroupName::new("g").unwrap()),
+        };
+        let budget = TopicBudget::new("race", 100, 1_000);
+        budget.join(&key.label());
+        let (commands, mut gate, _ended) = spawn(
+            Arc::clone(&shared),
+            GroupInit {
+                key: key.clone(),
+                number: 1,
+                seeds: [(PartitionId::number(0), -1)].into(),
+                lost: HashMap::new(),
+                budget: Arc::clone(&budget),
+            },
+        );
+        let (out, mut outbound) = mpsc::unbounded_channel();
+        let (reply, joined) = oneshot::channel();
+        let session = SessionLink {
+            id: 1,
+            client: ClientId::new("app").unwrap(),
+            out: out.clone(),
+            max_in_flight: 10,
+        };
+        commands.send(GroupCmd::Join { session, reply }).unwrap();
+        assert!(joined.await.unwrap());
+        let charge = budget.reserve(&key.label(), 1, 1).await;
+        commands
+            .send(GroupCmd::Pulled {
+                batch: batch(0),
+                charge,
+            })
+            .unwrap();
+        let Some(Outbound::Delivery { message, seq, .. }) = outbound.recv().await else {
+            panic!("a delivery");
+        };
+        commands
+            .send(GroupCmd::Written {
+                seq,
+                session: 1,
+                at: Instant::now(),
+            })
+            .unwrap();
+        commands
+            .send(GroupCmd::Settle {
+                op: SettleOp::Ack,
+                id: DeliveryId::parse(&message.delivery_id).unwrap(),
+                raw_id: message.delivery_id.clone(),
+                client: ClientId::new("app").unwrap(),
+                reply_to: out.clone(),
+            })
+            .unwrap();
+        commands.send(GroupCmd::Leave { session: 1 }).unwrap();
+        // Past the grace period the group closes, the ACK's write still pending.
+        gate.wait_for(|g| *g == PullGate::Closed).await.unwrap();
+        let late = budget.reserve(&key.label(), 1, 1).await;
+        commands
+            .send(GroupCmd::Pulled {
+                batch: batch(1),
+                charge: late,
+            })
+            .unwrap();
+        let (reply, refused) = oneshot::channel();
+        let session = SessionLink {
+            id: 2,
+            client: ClientId::new("app").unwrap(),
+            out,
+            max_in_flight: 10,
+        };
+        commands.send(GroupCmd::Join { session, reply }).unwrap();
+        assert!(!refused.await.unwrap(), "a closing group takes no session");
+        assert_eq!(
+            budget.held_by(&key.label()).records,
+            1,
+            "only the ACKed delivery whose write is pending is held; the late batch is not"
+        );
+        shutdown.cancel();
+    }
 }

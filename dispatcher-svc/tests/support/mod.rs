@@ -22,6 +22,7 @@ use eventmesh_proto::offset::offset_service_client::OffsetServiceClient;
 use eventmesh_proto::puller::puller_service_client::PullerServiceClient;
 use puller_svc::alignment::WatermarkSource;
 use puller_svc::cursors::StartAt;
+pub use puller_svc::local_log::LogSettings;
 use puller_svc::service::PullerGrpc;
 use puller_svc::storage::Storage;
 use puller_svc::storage::local::LocalStorage;
@@ -59,9 +60,17 @@ pub async fn start_puller(
     dir: &Path,
     offset_addr: SocketAddr,
 ) -> puller_svc::server::RunningServer {
-    let storage: Arc<dyn Storage> = Arc::new(
-        LocalStorage::open(dir.to_path_buf(), Default::default(), StartAt::Earliest).unwrap(),
-    );
+    start_puller_with(dir, offset_addr, LogSettings::default()).await
+}
+
+/// puller-svc over a local log with `log` settings (segment size, retention).
+pub async fn start_puller_with(
+    dir: &Path,
+    offset_addr: SocketAddr,
+    log: LogSettings,
+) -> puller_svc::server::RunningServer {
+    let storage: Arc<dyn Storage> =
+        Arc::new(LocalStorage::open(dir.to_path_buf(), log, StartAt::Earliest).unwrap());
     start_puller_over(storage, offset_addr, 2).await
 }
 
@@ -125,11 +134,16 @@ pub struct Instance {
 
 impl Instance {
     pub async fn start(settings: DeliverySettings) -> Instance {
+        Instance::start_with_log(settings, LogSettings::default()).await
+    }
+
+    /// An instance whose local log has `log` settings.
+    pub async fn start_with_log(settings: DeliverySettings, log: LogSettings) -> Instance {
         let dir = tempfile::tempdir().unwrap();
         let offset_svc =
             start_offset_svc(&dir.path().join("offsets"), "127.0.0.1:0".parse().unwrap()).await;
         let offset_addr = offset_svc.local_addr();
-        let puller = start_puller(&dir.path().join("puller"), offset_addr).await;
+        let puller = start_puller_with(&dir.path().join("puller"), offset_addr, log).await;
         let (dispatcher, shared) =
             start_dispatcher(puller.local_addr(), offset_addr, settings.clone()).await;
         Instance {
@@ -283,9 +297,11 @@ pub fn open(client_id: &str, topic: &str, group: &str, mode: pb::SubscriptionMod
 
 /// Opens a session; the status on refusal.
 pub async fn try_subscribe(addr: SocketAddr, open: pb::Open) -> Result<Session, tonic::Status> {
+    // Room for an event at the frame limit, as the SDK has.
     let mut client = EventMeshServiceClient::connect(format!("http://{addr}"))
         .await
-        .unwrap();
+        .unwrap()
+        .max_decoding_message_size(dispatcher_svc::server::MAX_MESSAGE_BYTES);
     let (tx, rx) = mpsc::channel(1024);
     tx.send(pb::SubscribeRequest {
         kind: Some(subscribe_request::Kind::Open(open)),
@@ -408,4 +424,60 @@ pub fn outcome_of(results: &[pb::AckResult], id: &str) -> pb::AckOutcome {
         .find(|r| r.delivery_id == id)
         .unwrap_or_else(|| panic!("no result for {id} in {results:?}"))
         .outcome()
+}
+
+/// Reads a topic straight from puller-svc with a reader of its own (to inspect dead letters):
+/// attaches the reader on first use (retrying while the topic does not exist yet).
+pub struct TopicReader {
+    client: PullerServiceClient<Channel>,
+    reader: eventmesh_proto::puller::GroupTopic,
+    generation: Option<u64>,
+}
+
+impl TopicReader {
+    pub fn new(puller: SocketAddr, group: &str, topic: &str) -> TopicReader {
+        TopicReader {
+            client: PullerServiceClient::new(lazy(puller)),
+            reader: eventmesh_proto::puller::GroupTopic {
+                group: group.into(),
+                topic: topic.into(),
+            },
+            generation: None,
+        }
+    }
+
+    /// One pull (waiting up to `wait_ms`); an error while the topic does not exist.
+    pub async fn pull(
+        &mut self,
+        wait_ms: u32,
+    ) -> Result<Vec<eventmesh_proto::puller::PulledRecord>, tonic::Status> {
+        let generation = match self.generation {
+            Some(generation) => generation,
+            None => {
+                let attached = self
+                    .client
+                    .attach(eventmesh_proto::puller::AttachRequest {
+                        dispatcher_id: "test-reader".into(),
+                        readers: vec![self.reader.clone()],
+                        positions: Vec::new(),
+                    })
+                    .await?
+                    .into_inner();
+                let generation = attached.generations[0].generation;
+                self.generation = Some(generation);
+                generation
+            }
+        };
+        Ok(self
+            .client
+            .pull(eventmesh_proto::puller::PullRequest {
+                reader: Some(self.reader.clone()),
+                max_wait_ms: wait_ms,
+                generation,
+                ..Default::default()
+            })
+            .await?
+            .into_inner()
+            .records)
+    }
 }

@@ -9,9 +9,11 @@
 //!   commit call anywhere), so the broker holds no offsets for it.
 //! * Cursors: the same [`GroupCursors`] files as every backend (`kafka-pull-offsets[@group]`);
 //!   the consumer is re-assigned whenever a cursor moved under it (alignment, resolution).
-//!   `auto.offset.reset=error`: an offset outside the log is not silently reset by librdkafka;
-//!   the reader re-resolves its cursors against the partition watermarks (below the log start →
-//!   the log start, counting what retention removed; past the end → the configured start).
+//!   `auto.offset.reset=error`: an offset outside the log is not silently reset by librdkafka
+//!   (it reports `AUTO_OFFSET_RESET`, or passes the broker's `OFFSET_OUT_OF_RANGE`); the reader
+//!   fits its cursors into the partition watermarks again: below the log start → the log start,
+//!   reporting what retention removed; past the end → reported, not moved (the dispatcher
+//!   decides).
 //! * Partitions are read from metadata on every poll, so partitions added to a topic are picked
 //!   up. Offsets Kafka skipped (compaction, transaction markers) fall inside the reported
 //!   `[first, next)` range and so count as settled.
@@ -24,6 +26,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use eventmesh_common::frame::FrameLimits;
+use eventmesh_common::grpc::MAX_RECORD_KEY_BYTES;
 use eventmesh_common::keys::{PartitionId, PartitionKind, PullKey, Topic};
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
@@ -35,11 +38,11 @@ use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
 use rdkafka::{Offset, TopicPartitionList};
 
 use super::{
-    Appended, CoveredRange, PartitionRange, PollLimits, PolledBatch, PolledRecord, ReaderKey,
-    Storage, StorageError,
+    Appended, CoveredRange, PartitionRange, PastEnd, PollLimits, PolledBatch, PolledRecord,
+    ReaderKey, Selection, Storage, StorageError,
 };
-use crate::cursors::{CursorBook, StartAt};
-use crate::ingest::{Origin, ingest};
+use crate::cursors::{CursorBook, Resolution, StartAt};
+use crate::ingest::{Origin, ingest, malformed};
 
 /// The backend name used in checkpoint files.
 pub const BACKEND: &str = "kafka";
@@ -252,39 +255,63 @@ impl Inner {
         })
     }
 
+    /// The selection's partition numbers, and the topic's partitions it leaves unread.
+    fn targets(
+        &self,
+        topic: &Topic,
+        selection: &Selection,
+    ) -> Result<(Vec<i32>, Vec<i32>), StorageError> {
+        let count = self.partition_count(topic)? as i32;
+        let checked = |partition: &PartitionId| {
+            let number = partition_number(topic, partition)?;
+            if number >= count {
+                return Err(StorageError::UnknownPartition {
+                    topic: topic.to_string(),
+                    partition: partition.to_string(),
+                });
+            }
+            Ok(number)
+        };
+        Ok(match selection {
+            Selection::All => ((0..count).collect(), Vec::new()),
+            Selection::One(partition) => (vec![checked(partition)?], Vec::new()),
+            Selection::Positioned(positions) => {
+                let targets = positions
+                    .keys()
+                    .map(checked)
+                    .collect::<Result<Vec<_>, _>>()?;
+                let unread = (0..count).filter(|p| !targets.contains(p)).collect();
+                (targets, unread)
+            }
+        })
+    }
+
     fn poll(
         &self,
         reader: &ReaderKey,
-        partition: Option<&PartitionId>,
+        selection: &Selection,
         limits: PollLimits,
     ) -> Result<PolledBatch, StorageError> {
-        self.poll_once(reader, partition, limits, true)
-    }
-
-    fn poll_once(
-        &self,
-        reader: &ReaderKey,
-        partition: Option<&PartitionId>,
-        limits: PollLimits,
-        may_reresolve: bool,
-    ) -> Result<PolledBatch, StorageError> {
-        let targets: Vec<i32> = match partition {
-            Some(partition) => {
-                let number = partition_number(&reader.topic, partition)?;
-                if number as u32 >= self.partition_count(&reader.topic)? {
-                    return Err(StorageError::UnknownPartition {
-                        topic: reader.topic.to_string(),
-                        partition: partition.to_string(),
-                    });
+        let (mut targets, unread) = self.targets(&reader.topic, selection)?;
+        let key_of = |p: i32| PullKey::new(reader.topic.clone(), PartitionId::number(p as u32));
+        if let Selection::Positioned(positions) = selection {
+            self.cursors.with(&reader.group, |c| {
+                for (partition, next) in positions {
+                    let key = PullKey::new(reader.topic.clone(), partition.clone());
+                    if let Some(before) = c.position(&key, *next) {
+                        tracing::debug!(%key, ?before, next, "cursor set to the position the dispatcher confirmed");
+                    }
                 }
-                vec![number]
-            }
-            None => (0..self.partition_count(&reader.topic)? as i32).collect(),
-        };
-        // Cursors for every target, resolved against the log where unknown.
-        let mut wanted: BTreeMap<i32, i64> = BTreeMap::new();
+            });
+        }
+        let mut batch = PolledBatch::default();
+        for p in unread {
+            batch.unpositioned.push(self.range(&reader.topic, p)?);
+        }
+        // Where each target's read starts; partitions without a cursor start per the config.
+        let mut first: BTreeMap<i32, i64> = BTreeMap::new();
         for &p in &targets {
-            let key = PullKey::new(reader.topic.clone(), PartitionId::number(p as u32));
+            let key = key_of(p);
             let cursor = match self.cursors.with(&reader.group, |c| c.get(&key)) {
                 Some(cursor) => cursor,
                 None => {
@@ -295,19 +322,84 @@ impl Inner {
                     })
                 }
             };
-            wanted.insert(p, cursor);
+            first.insert(p, cursor);
         }
-        let shared = {
-            let mut consumers = self.consumers.lock().unwrap_or_else(|p| p.into_inner());
-            match consumers.get(reader) {
-                Some(shared) => Arc::clone(shared),
-                None => {
-                    let shared = Arc::new(Mutex::new(self.new_consumer(reader)?));
-                    consumers.insert(reader.clone(), Arc::clone(&shared));
-                    shared
+        // Offsets retention removed under a cursor, per partition (found on an out-of-range
+        // fetch, which is the only time the broker tells).
+        let mut lost: BTreeMap<i32, i64> = BTreeMap::new();
+        let mut resolved = false;
+        let by_partition = loop {
+            match self.fetch(reader, &targets, limits) {
+                Ok(records) => break records,
+                Err(Fetch::OutOfRange) if !resolved => {
+                    resolved = true;
+                    let outcome = self.reresolve(reader, &targets)?;
+                    for (p, n) in outcome.lost {
+                        *lost.entry(p).or_default() += n;
+                    }
+                    targets.retain(|p| !outcome.past_end.iter().any(|e| e.0 == *p));
+                    batch
+                        .past_end
+                        .extend(outcome.past_end.into_iter().map(|(_, past_end)| past_end));
                 }
+                Err(Fetch::OutOfRange) => {
+                    return Err(StorageError::Unavailable(format!(
+                        "kafka fetch of {} still out of range after fitting the cursors into the log",
+                        reader.topic
+                    )));
+                }
+                Err(Fetch::Failed(err)) => return Err(err),
             }
         };
+        for &p in &targets {
+            let records = by_partition.get(&p);
+            let lost = lost.get(&p).copied().unwrap_or(0);
+            let next = match records.and_then(|r| r.last()) {
+                Some(last) => last.offset + 1,
+                None if lost > 0 => first.get(&p).copied().unwrap_or(0) + lost,
+                None => continue,
+            };
+            let key = key_of(p);
+            self.cursors
+                .with(&reader.group, |c| c.settle_read(&key, next));
+            batch.ranges.push(CoveredRange {
+                partition: PartitionId::number(p as u32),
+                first: first.get(&p).copied().unwrap_or(next),
+                next,
+                lost_to_retention: lost,
+            });
+        }
+        batch.records.extend(by_partition.into_values().flatten());
+        Ok(batch)
+    }
+
+    /// The reader's consumer, created on first use.
+    fn consumer(&self, reader: &ReaderKey) -> Result<Arc<Mutex<ReaderConsumer>>, StorageError> {
+        let mut consumers = self.consumers.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(shared) = consumers.get(reader) {
+            return Ok(Arc::clone(shared));
+        }
+        let shared = Arc::new(Mutex::new(self.new_consumer(reader)?));
+        consumers.insert(reader.clone(), Arc::clone(&shared));
+        Ok(shared)
+    }
+
+    /// Fetches from the targets' cursors (re-assigning the consumer when they moved under it).
+    /// Cursors are not moved here.
+    fn fetch(
+        &self,
+        reader: &ReaderKey,
+        targets: &[i32],
+        limits: PollLimits,
+    ) -> Result<BTreeMap<i32, Vec<PolledRecord>>, Fetch> {
+        let mut wanted: BTreeMap<i32, i64> = BTreeMap::new();
+        for &p in targets {
+            let key = PullKey::new(reader.topic.clone(), PartitionId::number(p as u32));
+            if let Some(cursor) = self.cursors.with(&reader.group, |c| c.get(&key)) {
+                wanted.insert(p, cursor);
+            }
+        }
+        let shared = self.consumer(reader).map_err(Fetch::Failed)?;
         let mut guard = shared.lock().unwrap_or_else(|p| p.into_inner());
         let slot = &mut *guard;
         if slot.positions != wanted {
@@ -315,12 +407,12 @@ impl Inner {
             for (&p, &offset) in &wanted {
                 assignment
                     .add_partition_offset(reader.topic.as_str(), p, Offset::Offset(offset))
-                    .map_err(|err| unavailable("assignment", err))?;
+                    .map_err(|err| Fetch::Failed(unavailable("assignment", err)))?;
             }
             slot.consumer
                 .assign(&assignment)
-                .map_err(|err| unavailable("assign", err))?;
-            slot.positions = wanted.clone();
+                .map_err(|err| Fetch::Failed(unavailable("assign", err)))?;
+            slot.positions = wanted;
         }
         let mut by_partition: BTreeMap<i32, Vec<PolledRecord>> = BTreeMap::new();
         let (mut count, mut bytes) = (0usize, 0usize);
@@ -332,15 +424,16 @@ impl Inner {
             };
             let message = match message {
                 Ok(message) => message,
-                Err(KafkaError::MessageConsumption(RDKafkaErrorCode::OffsetOutOfRange))
-                    if may_reresolve =>
-                {
-                    // Fit the cursors into the log again and re-assign, once per poll.
-                    drop(guard);
-                    self.reresolve(reader, &targets)?;
-                    return self.poll_once(reader, partition, limits, false);
+                // With `auto.offset.reset=error` librdkafka reports an offset outside the log
+                // as its own AUTO_OFFSET_RESET error (or passes the broker's OFFSET_OUT_OF_RANGE).
+                Err(KafkaError::MessageConsumption(
+                    RDKafkaErrorCode::OffsetOutOfRange | RDKafkaErrorCode::AutoOffsetReset,
+                )) => {
+                    // The consumer stopped fetching there; assign again after the cursors move.
+                    slot.positions.clear();
+                    return Err(Fetch::OutOfRange);
                 }
-                Err(err) => return Err(unavailable("fetch", err)),
+                Err(err) => return Err(Fetch::Failed(unavailable("fetch", err))),
             };
             let p = message.partition();
             // Prefetched records from before a re-assignment, or not asked for: skip.
@@ -371,64 +464,75 @@ impl Inner {
                 offset: message.offset(),
                 pop_ck: None,
             };
-            bytes += body.len();
+            let key = message.key().unwrap_or_default();
+            bytes += body.len() + key.len();
             count += 1;
             slot.positions.insert(p, message.offset() + 1);
+            let (key, ingested) = if key.len() > MAX_RECORD_KEY_BYTES {
+                let reason = format!(
+                    "record key of {} bytes exceeds the {MAX_RECORD_KEY_BYTES}-byte limit",
+                    key.len()
+                );
+                (Bytes::new(), malformed(body, reason))
+            } else {
+                (
+                    Bytes::copy_from_slice(key),
+                    ingest(body, &headers, &origin, &self.limits),
+                )
+            };
             by_partition.entry(p).or_default().push(PolledRecord {
                 partition: partition_id.clone(),
                 offset: message.offset(),
-                key: Bytes::copy_from_slice(message.key().unwrap_or_default()),
+                key,
                 timestamp_ms: message.timestamp().to_millis().unwrap_or(0),
                 ack_key: None,
-                ingested: ingest(body, &headers, &origin, &self.limits),
+                ingested,
             });
         }
-        drop(guard);
-        let mut batch = PolledBatch::default();
-        for (p, records) in by_partition {
-            let Some(last) = records.last().map(|r| r.offset) else {
-                continue;
-            };
-            let first = wanted.get(&p).copied().unwrap_or(last);
-            let partition_id = PartitionId::number(p as u32);
-            batch.ranges.push(CoveredRange {
-                partition: partition_id.clone(),
-                first,
-                next: last + 1,
-            });
-            let key = PullKey::new(reader.topic.clone(), partition_id);
-            self.cursors
-                .with(&reader.group, |c| c.advance(&key, last + 1));
-            batch.records.extend(records);
-        }
-        Ok(batch)
+        Ok(by_partition)
     }
 
-    /// After an out-of-range fetch: fit every target cursor into its partition's log again and
-    /// force a re-assignment.
-    fn reresolve(&self, reader: &ReaderKey, targets: &[i32]) -> Result<(), StorageError> {
+    /// After an out-of-range fetch: a cursor below its log start moves there (the offsets in
+    /// between were lost to retention); one past the log end is reported and left alone.
+    fn reresolve(&self, reader: &ReaderKey, targets: &[i32]) -> Result<Refit, StorageError> {
+        let mut refit = Refit::default();
         for &p in targets {
             let range = self.range(&reader.topic, p)?;
             let key = PullKey::new(reader.topic.clone(), range.partition.clone());
-            self.cursors.with(&reader.group, |c| {
+            let resolution = self.cursors.with(&reader.group, |c| {
                 c.resolve(&key, range.start, range.end, self.start_at)
             });
+            match resolution {
+                Resolution::LostToRetention { lost, .. } => refit.lost.push((p, lost)),
+                Resolution::PastEnd(position) => refit.past_end.push((
+                    p,
+                    PastEnd {
+                        partition: range.partition,
+                        position,
+                        log_start: range.start,
+                        log_end: range.end,
+                    },
+                )),
+                Resolution::Started(_) | Resolution::InRange(_) => {}
+            }
         }
-        let shared = self
-            .consumers
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(reader)
-            .cloned();
-        if let Some(shared) = shared {
-            shared
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .positions
-                .clear();
-        }
-        Ok(())
+        Ok(refit)
     }
+}
+
+/// Why a fetch stopped without records.
+enum Fetch {
+    /// A cursor lies outside its partition's log.
+    OutOfRange,
+    /// The broker or client failed.
+    Failed(StorageError),
+}
+
+/// What fitting the cursors into the log found.
+#[derive(Default)]
+struct Refit {
+    lost: Vec<(i32, i64)>,
+    past_end: Vec<(i32, PastEnd)>,
 }
 
 fn lite_unsupported() -> StorageError {
@@ -499,11 +603,11 @@ impl Storage for KafkaStorage {
     async fn poll(
         &self,
         reader: &ReaderKey,
-        partition: Option<&PartitionId>,
+        selection: &Selection,
         limits: PollLimits,
     ) -> Result<PolledBatch, StorageError> {
-        let (reader, partition) = (reader.clone(), partition.cloned());
-        self.blocking(move |inner| inner.poll(&reader, partition.as_ref(), limits))
+        let (reader, selection) = (reader.clone(), selection.clone());
+        self.blocking(move |inner| inner.poll(&reader, &selection, limits))
             .await
     }
 

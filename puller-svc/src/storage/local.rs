@@ -2,10 +2,12 @@
 //! [`GroupCursors`] set (and checkpoint file `local-pull-offsets[@group].properties`) per
 //! subscription group. No broker ACK exists, so `ack_pulled` is not applicable.
 //!
-//! A poll reads every requested partition from the reader's cursor (the partitions with
-//! records pending share `max_records` equally), ingests the records, and only then moves the cursors, so a
-//! failure half-way returns what was read and leaves the rest for the next poll (the
-//! reference's loss path L3). A read that races retention re-resolves the cursor once.
+//! A poll reads every selected partition from the reader's cursor (the partitions with
+//! records pending share `max_records` equally), ingests the records, and only then moves the
+//! cursors, so a failure half-way returns what was read and leaves the rest for the next poll
+//! (the reference's loss path L3). A cursor below the log start reads from the log start and
+//! reports what retention removed (also when a read races retention); one past the log end is
+//! reported and left alone.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -17,10 +19,10 @@ use eventmesh_common::keys::{PartitionId, PullKey, Topic};
 use tokio::sync::watch;
 
 use super::{
-    Appended, CoveredRange, PartitionRange, PollLimits, PolledBatch, PolledRecord, ReaderKey,
-    Storage, StorageError,
+    Appended, CoveredRange, PartitionRange, PastEnd, PollLimits, PolledBatch, PolledRecord,
+    ReaderKey, Selection, Storage, StorageError,
 };
-use crate::cursors::{CursorBook, GroupCursors, StartAt};
+use crate::cursors::{CursorBook, GroupCursors, Resolution, StartAt};
 use crate::ingest::{Origin, ingest};
 use crate::local_log::partition::now_ms;
 use crate::local_log::{LocalLog, LogError, LogSettings, TopicError};
@@ -104,109 +106,208 @@ impl LocalStorage {
 }
 
 impl Inner {
-    /// Reads one partition from the reader's cursor without moving it; re-resolves once if
-    /// retention removed the start meanwhile.
-    fn read_partition(
+    /// The partitions a selection reads (with their retained ranges) and, for positions, the
+    /// topic's partitions it leaves unread.
+    fn targets(
         &self,
-        cursors: &mut GroupCursors,
         topic: &Topic,
-        range: &PartitionRange,
-        start_at: StartAt,
-        max_records: usize,
-        max_bytes: usize,
-    ) -> Result<(i64, Vec<crate::local_log::Record>), TopicError> {
-        let key = PullKey::new(topic.clone(), range.partition.clone());
-        cursors.resolve(&key, range.start, range.end, start_at);
-        let mut from = cursors.get(&key).unwrap_or(range.start);
-        for attempt in 0..2 {
-            match self
-                .log
-                .read(topic, &range.partition, from, max_records, max_bytes)
-            {
-                Err(TopicError::Log(LogError::OffsetOutOfRange { start, .. })) if attempt == 0 => {
-                    cursors.resolve(&key, start, range.end.max(start), start_at);
-                    from = cursors.get(&key).unwrap_or(start);
+        selection: &Selection,
+    ) -> Result<(Vec<PartitionRange>, Vec<PartitionRange>), StorageError> {
+        Ok(match selection {
+            Selection::All => (self.log.ranges(topic)?, Vec::new()),
+            Selection::One(partition) => (vec![self.log.range(topic, partition)?], Vec::new()),
+            Selection::Positioned(positions) => {
+                let mut targets = Vec::with_capacity(positions.len());
+                for partition in positions.keys() {
+                    targets.push(self.log.range(topic, partition)?);
                 }
-                other => return other.map(|records| (from, records)),
+                let unpositioned = self
+                    .log
+                    .ranges(topic)?
+                    .into_iter()
+                    .filter(|range| !positions.contains_key(&range.partition))
+                    .collect();
+                (targets, unpositioned)
             }
-        }
-        Ok((from, Vec::new()))
+        })
     }
 
     fn poll(
         &self,
         reader: &ReaderKey,
-        targets: Vec<PartitionRange>,
+        selection: &Selection,
         start_at: StartAt,
         limits: PollLimits,
     ) -> Result<PolledBatch, StorageError> {
+        let (targets, unpositioned) = self.targets(&reader.topic, selection)?;
         self.cursors.with(&reader.group, |cursors| {
-            // Share the record limit among the partitions that have something to read.
-            let pending: Vec<&PartitionRange> = targets
-                .iter()
-                .filter(|range| {
-                    let key = PullKey::new(reader.topic.clone(), range.partition.clone());
-                    cursors.resolve(&key, range.start, range.end, start_at);
-                    cursors.get(&key).is_some_and(|cursor| cursor < range.end)
-                })
-                .collect();
-            let share = limits.max_records.div_ceil(pending.len().max(1)).max(1);
-            let mut batch = PolledBatch::default();
-            let mut bytes = 0usize;
-            let mut advances = Vec::new();
-            for range in pending {
-                let remaining = limits.max_records.saturating_sub(batch.records.len());
-                if remaining == 0 || (bytes >= limits.max_bytes && !batch.records.is_empty()) {
-                    break;
+            if let Selection::Positioned(positions) = selection {
+                for (partition, next) in positions {
+                    let key = PullKey::new(reader.topic.clone(), partition.clone());
+                    if let Some(before) = cursors.position(&key, *next) {
+                        tracing::debug!(%key, ?before, next, "cursor set to the position the dispatcher confirmed");
+                    }
                 }
-                let read = self.read_partition(
-                    cursors,
-                    &reader.topic,
-                    range,
-                    start_at,
-                    share.min(remaining),
-                    limits.max_bytes.saturating_sub(bytes).max(1),
-                );
-                let (from, records) = match read {
-                    Ok(read) => read,
+            }
+            let mut batch = PolledBatch {
+                unpositioned,
+                ..PolledBatch::default()
+            };
+            let mut plans = Vec::new();
+            for range in &targets {
+                let key = PullKey::new(reader.topic.clone(), range.partition.clone());
+                match PartitionRead::plan(cursors, key, range, start_at) {
+                    Ok(plan) => plans.push(plan),
+                    Err(past_end) => batch.past_end.push(past_end),
+                }
+            }
+            // Share the record limit among the partitions that have something to read.
+            let pending = plans.iter().filter(|plan| plan.from < plan.range.end).count();
+            let share = limits.max_records.div_ceil(pending.max(1)).max(1);
+            let mut bytes = 0usize;
+            for plan in &mut plans {
+                let remaining = limits.max_records.saturating_sub(batch.records.len());
+                let full = remaining == 0 || (bytes >= limits.max_bytes && !batch.records.is_empty());
+                if full || plan.from >= plan.range.end {
+                    continue;
+                }
+                let max_bytes = limits.max_bytes.saturating_sub(bytes).max(1);
+                match self.read(&reader.topic, plan, share.min(remaining), max_bytes) {
+                    Ok(records) => {
+                        bytes += records.iter().map(|r| r.body.len() + r.key.len()).sum::<usize>();
+                        plan.records = records;
+                    }
                     Err(err) if batch.records.is_empty() => return Err(err.into()),
                     Err(err) => {
-                        // Keep what was read; the failed partition is retried by the next poll.
-                        tracing::warn!(topic = %reader.topic, partition = %range.partition, error = %err, "partition read failed; returning the partial batch");
-                        break;
+                        // Keep what was read; the failed partition is read again next time.
+                        tracing::warn!(topic = %reader.topic, partition = %plan.range.partition, error = %err, "partition read failed; returning the partial batch");
+                        plan.failed = true;
                     }
-                };
-                let Some(last) = records.last().map(|r| r.offset) else {
-                    continue;
-                };
-                for record in records {
-                    bytes += record.body.len();
+                }
+                for record in &plan.records {
                     let origin = Origin {
-                        partition: &range.partition,
+                        partition: &plan.range.partition,
                         offset: record.offset,
                         pop_ck: None,
                     };
                     batch.records.push(PolledRecord {
-                        partition: range.partition.clone(),
+                        partition: plan.range.partition.clone(),
                         offset: record.offset,
-                        key: record.key,
+                        key: record.key.clone(),
                         timestamp_ms: record.timestamp_ms,
                         ack_key: None,
-                        ingested: ingest(record.body, &[], &origin, &self.limits),
+                        ingested: ingest(record.body.clone(), &[], &origin, &self.limits),
                     });
                 }
-                batch.ranges.push(CoveredRange {
-                    partition: range.partition.clone(),
-                    first: from,
-                    next: last + 1,
-                });
-                advances.push((PullKey::new(reader.topic.clone(), range.partition.clone()), last + 1));
             }
-            // Only now: every record above is in the batch that goes back to the caller.
-            for (key, next) in advances {
-                cursors.advance(&key, next);
+            // Only now: every range below goes back to the caller with its records.
+            for plan in plans {
+                if let Some(range) = plan.finish(cursors) {
+                    batch.ranges.push(range);
+                }
             }
             Ok(batch)
+        })
+    }
+
+    /// Reads one partition from `plan.from`; when retention removed that start meanwhile,
+    /// moves the plan to the new log start (counting the loss) and reads once more.
+    fn read(
+        &self,
+        topic: &Topic,
+        plan: &mut PartitionRead,
+        max_records: usize,
+        max_bytes: usize,
+    ) -> Result<Vec<crate::local_log::Record>, TopicError> {
+        for attempt in 0..2 {
+            match self.log.read(
+                topic,
+                &plan.range.partition,
+                plan.from,
+                max_records,
+                max_bytes,
+            ) {
+                Err(TopicError::Log(LogError::OffsetOutOfRange { start, .. }))
+                    if attempt == 0 && start > plan.from =>
+                {
+                    if plan.cursor.is_some() {
+                        // A reader that starts here has lost nothing it ever had.
+                        plan.lost += start - plan.from;
+                    }
+                    plan.from = start;
+                }
+                other => return other,
+            }
+        }
+        Ok(Vec::new())
+    }
+}
+
+/// One partition of a poll: where its read starts and what it found.
+struct PartitionRead {
+    key: PullKey,
+    range: PartitionRange,
+    /// The cursor before the poll (`None`: the partition had none and starts now).
+    cursor: Option<i64>,
+    /// Where reading starts.
+    from: i64,
+    /// Offsets from the cursor on that retention removed unread.
+    lost: i64,
+    records: Vec<crate::local_log::Record>,
+    failed: bool,
+}
+
+impl PartitionRead {
+    /// Plans the read of one partition; a cursor past the end of the log is reported instead.
+    fn plan(
+        cursors: &GroupCursors,
+        key: PullKey,
+        range: &PartitionRange,
+        start_at: StartAt,
+    ) -> Result<PartitionRead, PastEnd> {
+        let cursor = cursors.get(&key);
+        let (from, lost) = match cursors.classify(&key, range.start, range.end, start_at) {
+            Resolution::PastEnd(position) => {
+                return Err(PastEnd {
+                    partition: range.partition.clone(),
+                    position,
+                    log_start: range.start,
+                    log_end: range.end,
+                });
+            }
+            Resolution::LostToRetention { to, lost } => (to, lost),
+            Resolution::Started(at) | Resolution::InRange(at) => (at, 0),
+        };
+        Ok(PartitionRead {
+            key,
+            range: range.clone(),
+            cursor,
+            from,
+            lost,
+            records: Vec::new(),
+            failed: false,
+        })
+    }
+
+    /// Moves the cursor past what was read and returns the range to report, if any.
+    fn finish(self, cursors: &mut GroupCursors) -> Option<CoveredRange> {
+        let next = match self.records.last() {
+            Some(last) => last.offset + 1,
+            None if self.lost > 0 && !self.failed => self.from,
+            None => {
+                if self.cursor.is_none() && !self.failed {
+                    // A reader starting here keeps its start even before a record arrives.
+                    cursors.settle_read(&self.key, self.from);
+                }
+                return None;
+            }
+        };
+        cursors.settle_read(&self.key, next);
+        Some(CoveredRange {
+            partition: self.range.partition,
+            first: self.from - self.lost,
+            next,
+            lost_to_retention: self.lost,
         })
     }
 }
@@ -264,19 +365,12 @@ impl Storage for LocalStorage {
     async fn poll(
         &self,
         reader: &ReaderKey,
-        partition: Option<&PartitionId>,
+        selection: &Selection,
         limits: PollLimits,
     ) -> Result<PolledBatch, StorageError> {
-        let reader = reader.clone();
-        let partition = partition.cloned();
-        self.blocking(move |inner| {
-            let targets = match &partition {
-                Some(partition) => vec![inner.log.range(&reader.topic, partition)?],
-                None => inner.log.ranges(&reader.topic)?,
-            };
-            inner.poll(&reader, targets, inner.start_at, limits)
-        })
-        .await
+        let (reader, selection) = (reader.clone(), selection.clone());
+        self.blocking(move |inner| inner.poll(&reader, &selection, inner.start_at, limits))
+            .await
     }
 
     async fn end_offsets(&self, topic: &Topic) -> Result<Vec<PartitionRange>, StorageError> {
@@ -315,9 +409,13 @@ impl Storage for LocalStorage {
         let (reader, lite) = (reader.clone(), lite.to_owned());
         self.blocking(move |inner| {
             let partition = inner.log.create_lite(&reader.topic, &lite)?;
-            let range = inner.log.range(&reader.topic, &partition)?;
             // A fresh reader replays a lite channel from its head.
-            inner.poll(&reader, vec![range], StartAt::Earliest, limits)
+            inner.poll(
+                &reader,
+                &Selection::One(partition),
+                StartAt::Earliest,
+                limits,
+            )
         })
         .await
     }

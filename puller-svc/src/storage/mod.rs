@@ -8,11 +8,19 @@
 //!
 //! Every polled record is ingested ([`crate::ingest`]): stamped with its partition and offset,
 //! foreign bodies converted, broken ones flagged for the dead-letter topic. Every batch reports,
-//! per partition it advanced, the `[first, next)` range it covered, so offsets the MQ skipped
-//! count as settled.
+//! per partition it advanced, the `[first, next)` range it covered, starting exactly where the
+//! read started: offsets in it without a record are absent from the log, the first
+//! `lost_to_retention` of them removed by retention before the reader got to them. A position
+//! past the end of the log is reported ([`PastEnd`]) and never moved by the backend.
+//!
+//! What a poll reads is a [`Selection`]: the reader's cursors, or positions its dispatcher
+//! names (the cursors are set to them first, so a batch whose response was lost is read again;
+//! the topic's partitions it did not name are reported as unpositioned, not read).
 
 pub mod kafka;
 pub mod local;
+
+use std::collections::BTreeMap;
 
 use bytes::Bytes;
 use eventmesh_common::keys::{GroupName, KeyError, PartitionId, Topic};
@@ -74,10 +82,25 @@ pub struct PolledRecord {
 pub struct CoveredRange {
     /// The partition.
     pub partition: PartitionId,
-    /// First offset covered.
+    /// First offset covered: where the read started.
     pub first: i64,
     /// One past the last offset covered: the reader's cursor afterwards.
     pub next: i64,
+    /// How many offsets from `first` on retention removed before they were read.
+    pub lost_to_retention: i64,
+}
+
+/// A partition whose position lies past the end of its log: not read, not moved.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PastEnd {
+    /// The partition.
+    pub partition: PartitionId,
+    /// The position (cursor) found there.
+    pub position: i64,
+    /// The log's oldest retained offset.
+    pub log_start: i64,
+    /// The offset the log's next record gets.
+    pub log_end: i64,
 }
 
 /// The result of one poll.
@@ -87,6 +110,49 @@ pub struct PolledBatch {
     pub records: Vec<PolledRecord>,
     /// One range per partition the batch advanced.
     pub ranges: Vec<CoveredRange>,
+    /// Partitions of the topic a [`Selection::Positioned`] poll did not name (not read).
+    pub unpositioned: Vec<PartitionRange>,
+    /// Partitions whose position is past the end of their log (not read).
+    pub past_end: Vec<PastEnd>,
+}
+
+impl PolledBatch {
+    /// Whether the batch tells its caller nothing (a long poll keeps waiting).
+    pub fn is_empty(&self) -> bool {
+        self.records.is_empty()
+            && self.ranges.is_empty()
+            && self.unpositioned.is_empty()
+            && self.past_end.is_empty()
+    }
+}
+
+/// Which partitions a poll reads, and from where.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Selection {
+    /// Every partition of the topic, from the reader's cursors.
+    All,
+    /// One partition, from the reader's cursor.
+    One(PartitionId),
+    /// Exactly these partitions, from these positions (the cursors are set to them first);
+    /// the topic's other partitions are reported as unpositioned.
+    Positioned(BTreeMap<PartitionId, i64>),
+}
+
+impl Selection {
+    /// The selection a request makes: positions when any are named (narrowed to `only` when
+    /// given), else one partition or all.
+    pub fn of(only: Option<PartitionId>, positions: BTreeMap<PartitionId, i64>) -> Selection {
+        match (only, positions.is_empty()) {
+            (None, true) => Selection::All,
+            (Some(partition), true) => Selection::One(partition),
+            (only, false) => Selection::Positioned(
+                positions
+                    .into_iter()
+                    .filter(|(p, _)| only.as_ref().is_none_or(|o| o == p))
+                    .collect(),
+            ),
+        }
+    }
 }
 
 /// Where an appended record landed.
@@ -176,12 +242,12 @@ pub trait Storage: Send + Sync + 'static {
         partition: Option<PartitionId>,
     ) -> Result<Appended, StorageError>;
 
-    /// Reads the reader's next batch from one partition or all (`None`), moving its position
-    /// past what is returned.
+    /// Reads the reader's next batch from the selected partitions, moving its position past
+    /// what is returned.
     async fn poll(
         &self,
         reader: &ReaderKey,
-        partition: Option<&PartitionId>,
+        selection: &Selection,
         limits: PollLimits,
     ) -> Result<PolledBatch, StorageError>;
 
@@ -218,6 +284,22 @@ pub trait Storage: Send + Sync + 'static {
         let group = reader.group.clone();
         on_blocking(self.cursor_book(), move |book| {
             Ok(book.with(&group, |c| c.align(&key, watermark)))
+        })
+        .await
+    }
+
+    /// Sets the reader's position in one partition (a dispatcher's Attach position).
+    async fn position_pull_offset(
+        &self,
+        reader: &ReaderKey,
+        partition: &PartitionId,
+        next: i64,
+    ) -> Result<(), StorageError> {
+        let key = PullKey::new(reader.topic.clone(), partition.clone());
+        let group = reader.group.clone();
+        on_blocking(self.cursor_book(), move |book| {
+            book.with(&group, |c| c.position(&key, next));
+            Ok(())
         })
         .await
     }

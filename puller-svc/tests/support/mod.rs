@@ -61,3 +61,22 @@ pub async fn puller_over(
         .unwrap();
     (server, client)
 }
+
+/// Attaches one reader for `dispatcher` (aligned to its watermark); returns its generation.
+pub async fn attach(
+    client: &mut PullerServiceClient<Channel>,
+    dispatcher: &str,
+    reader: eventmesh_proto::puller::GroupTopic,
+) -> u64 {
+    client
+        .attach(eventmesh_proto::puller::AttachRequest {
+            dispatcher_id: dispatcher.into(),
+            readers: vec![reader],
+            positions: Vec::new(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .generations[0]
+        .generation
+}

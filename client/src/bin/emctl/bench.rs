@@ -334,6 +334,19 @@ async fn raw_pull(instance: &LocalInstance, topic: &str, events: u64) -> anyhow:
         group: format!("raw-{topic}"),
         topic: topic.to_owned(),
     };
+    // Readers are fenced: take this one (from its start) before pulling.
+    let generation = puller
+        .attach(puller_pb::AttachRequest {
+            dispatcher_id: "emctl-bench".to_owned(),
+            readers: vec![reader.clone()],
+            positions: Vec::new(),
+        })
+        .await?
+        .into_inner()
+        .generations
+        .first()
+        .map(|g| g.generation)
+        .context("attach answered without a generation")?;
     let started = Instant::now();
     let mut pulled = 0u64;
     while pulled < events {
@@ -344,6 +357,8 @@ async fn raw_pull(instance: &LocalInstance, topic: &str, events: u64) -> anyhow:
                 max_records: 512,
                 max_bytes: 0,
                 max_wait_ms: 500,
+                generation,
+                positions: Vec::new(),
             })
             .await?
             .into_inner();

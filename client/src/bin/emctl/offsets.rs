@@ -51,6 +51,9 @@ pub struct PartitionView {
     pub watermarks: BTreeMap<String, i64>,
     /// Per-client offsets.
     pub clients: BTreeMap<String, i64>,
+    /// Per group: offsets retention removed before the group delivered them (events lost to
+    /// retention, counted by the dispatcher; absent: none).
+    pub lost_to_retention: BTreeMap<String, i64>,
 }
 
 impl PartitionView {
@@ -64,6 +67,10 @@ impl PartitionView {
 
 const DEFAULT_GROUP: &str = "(default)";
 const CURSOR_PREFIX: &str = "__mqcursor";
+const LOST_PREFIX: &str = "__mqlost";
+/// A topic's offsets for thousands of clients exceed tonic's 4 MiB default; offset-svc's own
+/// limit is 256 MiB.
+const OFFSETS_MESSAGE_LIMIT: usize = 256 * 1024 * 1024;
 
 /// Reads the topic's partitions and stored offsets.
 pub async fn topic_view(services: &Services, topic: &str) -> anyhow::Result<Vec<PartitionView>> {
@@ -72,7 +79,8 @@ pub async fn topic_view(services: &Services, topic: &str) -> anyhow::Result<Vec<
         .with_context(|| format!("connecting to puller-svc at {}", services.puller))?;
     let mut offsets = OffsetServiceClient::connect(services.offset_svc.clone())
         .await
-        .with_context(|| format!("connecting to offset-svc at {}", services.offset_svc))?;
+        .with_context(|| format!("connecting to offset-svc at {}", services.offset_svc))?
+        .max_decoding_message_size(OFFSETS_MESSAGE_LIMIT);
     let ends = puller
         .end_offsets(puller_pb::EndOffsetsRequest {
             topic: topic.to_owned(),
@@ -111,21 +119,25 @@ pub async fn topic_view(services: &Services, topic: &str) -> anyhow::Result<Vec<
                 partition: key.partition.clone(),
                 ..PartitionView::default()
             });
-        match group_of_cursor(&key.client_id) {
-            Some(group) => {
-                partition.watermarks.insert(group, entry.offset);
-            }
-            None => {
-                partition.clients.insert(key.client_id, entry.offset);
-            }
+        if let Some(group) = group_of_cursor(&key.client_id) {
+            partition.watermarks.insert(group, entry.offset);
+        } else if let Some(group) = group_of(LOST_PREFIX, &key.client_id) {
+            partition.lost_to_retention.insert(group, entry.offset);
+        } else {
+            partition.clients.insert(key.client_id, entry.offset);
         }
     }
     Ok(view.into_values().collect())
 }
 
-/// `__mqcursor__` → the default group, `__mqcursor@g__` → `g`; other ids are clients.
+/// `__mqcursor__` → the default group, `__mqcursor@g__` → `g`; other ids are not cursors.
 fn group_of_cursor(client_id: &str) -> Option<String> {
-    let rest = client_id.strip_prefix(CURSOR_PREFIX)?;
+    group_of(CURSOR_PREFIX, client_id)
+}
+
+/// The group a reserved record id (`<prefix>__` or `<prefix>@<group>__`) belongs to.
+fn group_of(prefix: &str, client_id: &str) -> Option<String> {
+    let rest = client_id.strip_prefix(prefix)?;
     if rest == "__" {
         return Some(DEFAULT_GROUP.to_owned());
     }
@@ -162,8 +174,12 @@ pub async fn show(args: OffsetsArgs) -> anyhow::Result<()> {
             println!("    no group has ACKed anything here");
         }
         for (group, watermark) in &partition.watermarks {
+            let lost = match partition.lost_to_retention.get(group) {
+                Some(lost) => format!("  lost to retention {lost}"),
+                None => String::new(),
+            };
             println!(
-                "    group  {group:<24} watermark {watermark:>10}  lag {}",
+                "    group  {group:<24} watermark {watermark:>10}  lag {}{lost}",
                 partition.lag(Some(*watermark))
             );
         }
@@ -178,6 +194,14 @@ pub async fn show(args: OffsetsArgs) -> anyhow::Result<()> {
 pub struct ResetArgs {
     #[command(flatten)]
     services: Services,
+    /// The dispatcher-svc the reset goes through (it ends the groups concerned first, so none
+    /// writes over the reset).
+    #[arg(long, env = "EMCTL_ENDPOINT", default_value = eventmesh_client::DEFAULT_ENDPOINT)]
+    endpoint: String,
+    /// Write offset-svc directly, without a dispatcher (only when no dispatcher runs: a live
+    /// group would write over the reset).
+    #[arg(long)]
+    direct: bool,
     /// The topic.
     #[arg(long)]
     topic: String,
@@ -243,22 +267,86 @@ pub async fn reset(args: ResetArgs) -> anyhow::Result<()> {
     for (partition, current) in &changes {
         println!("  partition {partition}: {current} -> {}", args.to);
     }
-    println!(
-        "A dispatcher serving this group keeps its in-memory position until the group is next created (all its sessions gone past the grace period, or a dispatcher restart)."
-    );
+    if args.direct {
+        println!(
+            "--direct: offset-svc is written without a dispatcher; a dispatcher serving these groups would write over it."
+        );
+    } else {
+        println!(
+            "Through the dispatcher at {}: the groups concerned end first (their sessions reconnect) and start again from the new values.",
+            args.endpoint
+        );
+    }
     if !args.yes && !confirm("apply these changes?")? {
         println!("nothing changed");
         return Ok(());
     }
+    let partitions: Vec<String> = changes.into_iter().map(|(p, _)| p).collect();
+    if args.direct {
+        reset_direct(&args, &client_id, &partitions).await
+    } else {
+        reset_through_dispatcher(&args, &partitions).await
+    }
+}
+
+async fn reset_through_dispatcher(args: &ResetArgs, partitions: &[String]) -> anyhow::Result<()> {
+    use eventmesh_proto::client as client_pb;
+    let mut admin =
+        client_pb::admin_service_client::AdminServiceClient::connect(args.endpoint.clone())
+            .await
+            .with_context(|| {
+                format!(
+                    "connecting to dispatcher-svc at {} (with no dispatcher running, use --direct)",
+                    args.endpoint
+                )
+            })?;
+    let target = match (&args.group, &args.client_id) {
+        (_, Some(client)) => client_pb::reset_offsets_request::Target::ClientId(client.clone()),
+        (Some(group), None) if group == DEFAULT_GROUP => {
+            client_pb::reset_offsets_request::Target::Group(String::new())
+        }
+        (Some(group), None) => client_pb::reset_offsets_request::Target::Group(group.clone()),
+        (None, None) => bail!("name what to reset: --group G or --client-id C"),
+    };
+    for partition in partitions {
+        let answer = admin
+            .reset_offsets(client_pb::ResetOffsetsRequest {
+                topic: args.topic.clone(),
+                target: Some(target.clone()),
+                partition: partition.clone(),
+                offset: args.to,
+                reason: args.reason.clone(),
+            })
+            .await
+            .with_context(|| format!("resetting partition {partition}"))?
+            .into_inner();
+        for changed in answer.changed {
+            println!(
+                "  reset partition {}: was {}, now {}",
+                changed.partition, changed.previous, changed.offset
+            );
+        }
+        if answer.sessions_ended > 0 {
+            println!("  {} sessions told to reconnect", answer.sessions_ended);
+        }
+    }
+    Ok(())
+}
+
+async fn reset_direct(
+    args: &ResetArgs,
+    client_id: &str,
+    partitions: &[String],
+) -> anyhow::Result<()> {
     let mut offsets = OffsetServiceClient::connect(args.services.offset_svc.clone())
         .await
         .with_context(|| format!("connecting to offset-svc at {}", args.services.offset_svc))?;
-    for (partition, _) in &changes {
+    for partition in partitions {
         let answer = offsets
             .reset_offsets(offset_pb::ResetOffsetsRequest {
                 selector: Some(offset_pb::OffsetSelector {
                     topic: args.topic.clone(),
-                    client_id: client_id.clone(),
+                    client_id: client_id.to_owned(),
                     partition: partition.clone(),
                 }),
                 offset: args.to,
@@ -269,9 +357,7 @@ pub async fn reset(args: ResetArgs) -> anyhow::Result<()> {
             .into_inner();
         for previous in answer.previous {
             println!(
-                "  reset {}#{}#{}: was {}, now {}",
-                args.topic,
-                client_id,
+                "  reset partition {}: was {}, now {}",
                 previous.key.map(|k| k.partition).unwrap_or_default(),
                 previous.offset,
                 args.to
@@ -304,6 +390,11 @@ mod tests {
             Some("billing")
         );
         assert_eq!(group_of_cursor("app-1"), None);
+        assert_eq!(group_of_cursor("__mqlost@billing__"), None);
+        assert_eq!(
+            group_of(LOST_PREFIX, "__mqlost@billing__").as_deref(),
+            Some("billing")
+        );
         for group in ["billing", DEFAULT_GROUP] {
             assert_eq!(
                 group_of_cursor(&cursor_client(group)).as_deref(),

@@ -40,8 +40,8 @@ pub struct PublishArgs {
     /// Ordering key (same key, same partition, in order).
     #[arg(long, default_value = "")]
     key: String,
-    /// The payload; `{n}` is replaced by the event's number.
-    #[arg(long, default_value = "event {n}")]
+    /// The payload; `<n>` (or `{n}`) is replaced by the event's number.
+    #[arg(long, default_value = "event <n>")]
     data: String,
     /// How many events.
     #[arg(long, default_value_t = 1)]
@@ -59,7 +59,12 @@ pub async fn publish(args: PublishArgs) -> anyhow::Result<()> {
         let event = Event {
             source: "/emctl".into(),
             r#type: args.event_type.clone(),
-            data: args.data.replace("{n}", &n.to_string()).into_bytes().into(),
+            data: args
+                .data
+                .replace("<n>", &n.to_string())
+                .replace("{n}", &n.to_string())
+                .into_bytes()
+                .into(),
             ..Event::default()
         };
         let stored = client

@@ -1,0 +1,208 @@
+//! Sending: ready deliveries to the group's sessions, and what happens when a session stops
+//! taking them or leaves.
+//!
+//! * [`Group::pump`] hands ready deliveries round robin to sessions with spare in-flight
+//!   capacity that are not stalled.
+//! * A delivery is **assigned** until the session's stream takes it (the ACK clock starts only
+//!   then, [`Group::written`]). A session that has deliveries its stream has not taken, and took
+//!   none for the assignment timeout (a client that holds its stream and never reads), is
+//!   **stalled**: those deliveries go back to the group at once for its other sessions (same
+//!   attempt: they never reached the client), and it gets nothing new until its stream takes
+//!   something again. So one client that never reads holds nothing of its group's work; and
+//!   the group's buffer share bounds what it holds of the topic ([`crate::budget`]).
+//! * A session that leaves hands everything it held to the group at once: what it had taken
+//!   comes back as the next attempt (or is dead-lettered after the last), the rest unchanged.
+
+use std::time::{Duration, Instant};
+
+use super::{DeliveryState, Group, Outbound, Retry, SessionSlot, set_timer};
+use crate::crash::{CrashPoint, crash_point};
+
+impl Group {
+    /// Hands ready deliveries to sessions with spare capacity, round robin.
+    pub(super) fn pump(&mut self) {
+        while !self.sessions.is_empty() {
+            let Some(&seq) = self.ready.front() else {
+                return;
+            };
+            let still_ready = self
+                .deliveries
+                .get(&seq)
+                .is_some_and(|d| d.state == DeliveryState::Ready);
+            if !still_ready {
+                self.ready.pop_front();
+                continue;
+            }
+            let count = self.sessions.len();
+            let Some(index) = (0..count)
+                .map(|i| (self.next_session + i) % count)
+                .find(|i| self.sessions[*i].has_room())
+            else {
+                return; // every session is full or stalled
+            };
+            self.ready.pop_front();
+            self.next_session = (index + 1) % count;
+            let slot = &mut self.sessions[index];
+            let Some(delivery) = self.deliveries.get_mut(&seq) else {
+                continue;
+            };
+            let message = Box::new(delivery.message(&self.key.topic));
+            delivery.state = DeliveryState::Assigned {
+                session: slot.link.id,
+            };
+            delivery.note_client(&slot.link.client);
+            let client_key = (slot.link.client.clone(), delivery.partition.clone());
+            let offset = delivery.offset;
+            let sent = slot.link.out.send(Outbound::Delivery {
+                message,
+                seq,
+                group: self.cmd_tx.clone(),
+            });
+            if sent.is_err() {
+                // The session is going away; its Leave will follow and reassign.
+                delivery.state = DeliveryState::Ready;
+                self.ready.push_front(seq);
+                return;
+            }
+            slot.in_flight += 1;
+            slot.unwritten += 1;
+            slot.waiting_since.get_or_insert_with(Instant::now);
+            self.clients
+                .entry(client_key)
+                .or_default()
+                .tracker
+                .sent(offset);
+            metrics::counter!("dispatcher_deliveries_total").increment(1);
+        }
+    }
+
+    /// A session's stream took a delivery: its ACK clock starts, and the session is making
+    /// progress (no longer stalled), whatever became of that delivery meanwhile.
+    pub(super) fn written(&mut self, seq: u64, session: u64, at: Instant) {
+        let timeout = self.shared.settings.ack_timeout();
+        let assigned_here = self
+            .deliveries
+            .get(&seq)
+            .is_some_and(|d| d.state == (DeliveryState::Assigned { session }));
+        if let Some(slot) = self.session_slot(session) {
+            if assigned_here {
+                slot.unwritten = slot.unwritten.saturating_sub(1);
+            }
+            slot.waiting_since = (slot.unwritten > 0).then_some(at);
+            if slot.stalled {
+                slot.stalled = false;
+                tracing::info!(session, "stalled session reads again");
+            }
+        }
+        if !assigned_here {
+            self.pump();
+            return; // settled or taken back meanwhile
+        }
+        let Some(delivery) = self.deliveries.get_mut(&seq) else {
+            return;
+        };
+        delivery.state = DeliveryState::Sent { session };
+        let deadline = at + timeout + delivery.extension.take().unwrap_or_default();
+        set_timer(&mut self.timers, delivery, seq, deadline);
+        crash_point(CrashPoint::AfterDeliver);
+    }
+
+    pub(super) fn session_slot(&mut self, session: u64) -> Option<&mut SessionSlot> {
+        self.sessions.iter_mut().find(|s| s.link.id == session)
+    }
+
+    /// Frees the in-flight slot a delivery held, if any.
+    pub(super) fn free_slot(&mut self, state: DeliveryState) {
+        let (session, unwritten) = match state {
+            DeliveryState::Assigned { session } => (session, true),
+            DeliveryState::Sent { session } => (session, false),
+            _ => return,
+        };
+        if let Some(slot) = self.session_slot(session) {
+            slot.in_flight = slot.in_flight.saturating_sub(1);
+            if unwritten {
+                slot.unwritten = slot.unwritten.saturating_sub(1);
+                if slot.unwritten == 0 {
+                    slot.waiting_since = None;
+                }
+            }
+        }
+    }
+
+    /// Takes back what sessions that stopped reading hold (see the module doc).
+    pub(super) fn check_stalled(&mut self, now: Instant) {
+        let timeout = Duration::from_millis(self.shared.settings.assign_timeout_ms);
+        let stalled: Vec<u64> = self
+            .sessions
+            .iter()
+            .filter(|s| !s.stalled && s.waiting_since.is_some_and(|t| now >= t + timeout))
+            .map(|s| s.link.id)
+            .collect();
+        for session in stalled {
+            let held: Vec<u64> = self
+                .deliveries
+                .iter()
+                .filter(|(_, d)| d.state == (DeliveryState::Assigned { session }))
+                .map(|(seq, _)| *seq)
+                .collect();
+            for &seq in held.iter().rev() {
+                self.free_slot(DeliveryState::Assigned { session });
+                if let Some(delivery) = self.deliveries.get_mut(&seq) {
+                    delivery.state = DeliveryState::Ready;
+                    self.ready.push_front(seq);
+                }
+            }
+            if let Some(slot) = self.session_slot(session) {
+                slot.stalled = true;
+                slot.unwritten = 0;
+                slot.waiting_since = None;
+            }
+            metrics::counter!("dispatcher_stalled_sessions_total").increment(1);
+            tracing::warn!(group = %self.key, session, taken_back = held.len(), ?timeout, "session took no delivery for the assignment timeout: its deliveries go to the group's other sessions, and it gets none until it reads again");
+        }
+        self.pump();
+    }
+
+    pub(super) fn leave(&mut self, session: u64) {
+        let Some(index) = self.sessions.iter().position(|s| s.link.id == session) else {
+            return;
+        };
+        self.sessions.remove(index);
+        if self.next_session >= self.sessions.len() {
+            self.next_session = 0;
+        }
+        let held: Vec<u64> = self
+            .deliveries
+            .iter()
+            .filter(|(_, d)| d.state.session() == Some(session))
+            .map(|(seq, _)| *seq)
+            .collect();
+        tracing::debug!(group = %self.key, session, reassigned = held.len(), "session left");
+        for seq in held {
+            let was_written = self
+                .deliveries
+                .get(&seq)
+                .is_some_and(|d| matches!(d.state, DeliveryState::Sent { .. }));
+            if was_written {
+                // Its session is gone, not the event: the next attempt goes to another
+                // session at once (DESIGN §7), without a backoff.
+                self.retry(seq, Retry::Now, "its session left");
+            } else if let Some(delivery) = self.deliveries.get_mut(&seq) {
+                delivery.state = DeliveryState::Ready;
+                self.ready.push_front(seq);
+            }
+        }
+        if self.sessions.is_empty() {
+            self.grace_until = Some(Instant::now() + self.grace());
+        }
+        self.update_gate();
+        self.pump();
+    }
+}
+
+impl SessionSlot {
+    /// Whether a new delivery may go to it.
+    fn has_room(&self) -> bool {
+        !self.stalled && self.in_flight < self.link.max_in_flight
+    }
+}
