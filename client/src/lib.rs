@@ -58,6 +58,21 @@ pub use client::{Client, Published, new_event_id};
 pub use config::{ClientConfig, DEFAULT_ENDPOINT};
 pub use error::ClientError;
 pub use eventmesh_proto::client::Event;
+
+/// The largest event payload (`Event::data`) a Publish accepts: 8 MiB.
+pub const MAX_EVENT_DATA_BYTES: usize = 8 * 1024 * 1024;
+
+/// A size mix for test and demo traffic: mostly `typical` bytes, every 10th event 4 KiB, every
+/// 100th 64 KiB, and every 5,000th at [`MAX_EVENT_DATA_BYTES`] — so the whole path (pull sizes,
+/// message limits, budgets) carries events up to the limit, not only small ones.
+pub fn mixed_event_size(n: u64, typical: usize) -> usize {
+    match (n % 5_000, n % 100, n % 10) {
+        (4_999, _, _) => MAX_EVENT_DATA_BYTES,
+        (_, 37, _) => 64 * 1024,
+        (_, _, 3) => 4 * 1024,
+        _ => typical,
+    }
+}
 pub use subscription::{
     AckOutcome, AckResult, Delivery, SessionInfo, StartPosition, SubscribeOptions, Subscription,
     SubscriptionMode, SubscriptionStats,

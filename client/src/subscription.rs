@@ -120,6 +120,9 @@ pub struct Delivery {
     pub offset: i64,
     /// The event; `event.id` is stable across redeliveries and instances.
     pub event: pb::Event,
+    /// The record's ordering key in the MQ (the publish key, a Kafka record key); empty when
+    /// it has none.
+    pub key: bytes::Bytes,
     /// When the server redelivers unless ACKed or extended (ms since the Unix epoch).
     pub ack_deadline_unix_ms: i64,
     /// The instance that made this delivery: only it can settle the ACK. Deliveries of a
@@ -644,6 +647,7 @@ impl SessionTask {
                     partition: delivery.partition,
                     offset: delivery.offset,
                     event: delivery.event.unwrap_or_default(),
+                    key: delivery.key,
                     ack_deadline_unix_ms: delivery.ack_deadline_unix_ms,
                     instance_id: Arc::clone(instance_id),
                     commands: self.commands_tx.clone(),

@@ -147,3 +147,61 @@ async fn publish_subscribe_offsets_and_a_confirmed_reset() {
 
     instance.stop(std::time::Duration::from_secs(10)).await;
 }
+
+/// `emctl publish --help` names the placeholder literally (`{n}` used to render as a line
+/// break), and `emctl offsets` reads a topic whose offsets exceed 4 MiB (it used tonic's
+/// 4 MiB default and failed on topics with many clients).
+#[tokio::test]
+async fn help_renders_the_placeholder_and_offsets_read_large_topics() {
+    let dir = tempfile::tempdir().unwrap();
+    let emctl_dir = Path::new(env!("CARGO_BIN_EXE_emctl")).parent().unwrap();
+    let mut config = LocalConfig::new(dir.path());
+    config.bin_dir = Some(emctl_dir.to_owned());
+    let instance = LocalInstance::start(config).await.unwrap();
+
+    let help = ok(&emctl(&instance, &["publish", "--help"], ""));
+    assert!(
+        help.contains("`<n>` is replaced by the event's number"),
+        "{help}"
+    );
+    assert!(help.contains("[default: \"event <n>\"]"), "{help}");
+
+    ok(&emctl(&instance, &["publish", "--topic", "wide"], ""));
+    // 80,000 clients' offsets: about 6 MB of ReadTopicOffsets answer.
+    let mut offsets = eventmesh_proto::offset::offset_service_client::OffsetServiceClient::connect(
+        instance.uri(Service::Offset),
+    )
+    .await
+    .unwrap();
+    let entries: Vec<_> = (0..80_000)
+        .map(|i| eventmesh_proto::offset::OffsetEntry {
+            key: Some(eventmesh_proto::offset::OffsetKey {
+                topic: "wide".into(),
+                client_id: format!("a-client-with-a-rather-long-id-{i:08}"),
+                partition: "0".into(),
+            }),
+            offset: 0,
+        })
+        .collect();
+    offsets
+        .write_offsets(eventmesh_proto::offset::WriteOffsetsRequest {
+            entries,
+            sync: false,
+        })
+        .await
+        .unwrap();
+    let view: serde_json::Value = serde_json::from_str(&ok(&emctl(
+        &instance,
+        &["offsets", "--topic", "wide", "--json"],
+        "",
+    )))
+    .unwrap();
+    let clients: usize = view
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["clients"].as_object().unwrap().len())
+        .sum();
+    assert_eq!(clients, 80_000);
+    instance.stop(std::time::Duration::from_secs(10)).await;
+}

@@ -35,9 +35,20 @@ pub const ENVELOPE_LIMITS: FrameLimits = FrameLimits {
     ..FrameLimits::DEFAULT
 };
 
-/// The name of `topic`'s dead-letter topic.
+/// The name of `topic`'s dead-letter topic. A dead-letter topic's own dead letters go back to
+/// it (wrapped again, with the new reason), so a name never grows past the topic-name limit,
+/// which leaves room for one suffix.
 pub fn dlq_topic(topic: &str) -> String {
-    format!("{topic}{DLQ_SUFFIX}")
+    if is_dlq_topic(topic) {
+        topic.to_owned()
+    } else {
+        format!("{topic}{DLQ_SUFFIX}")
+    }
+}
+
+/// Whether `topic` is a dead-letter topic.
+pub fn is_dlq_topic(topic: &str) -> bool {
+    topic.ends_with(DLQ_SUFFIX)
 }
 
 /// One dead-lettered event.
@@ -112,6 +123,17 @@ fn truncate(text: &str, max: usize) -> String {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+
+    #[test]
+    fn dead_letter_topic_names_never_grow_twice() {
+        assert_eq!(dlq_topic("orders"), "orders_DLQ");
+        assert_eq!(dlq_topic("orders_DLQ"), "orders_DLQ");
+        let longest = "x".repeat(crate::keys::MAX_TOPIC_BYTES_WITH_ROOM);
+        let dead = dlq_topic(&longest);
+        assert_eq!(dead.len(), 249, "fits Kafka's limit");
+        assert!(crate::keys::Topic::new(dead.as_str()).is_ok());
+        assert_eq!(dlq_topic(&dead), dead);
+    }
 
     #[test]
     fn an_event_at_the_frame_limit_fits_an_envelope() {

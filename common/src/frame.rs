@@ -47,6 +47,10 @@ pub const ATTR_MQ_PARTITION: &str = "emmqpartition";
 pub const ATTR_TRACEPARENT: &str = "traceparent";
 /// Prefix of attribute names reserved for the runtime; publishers may not use it.
 pub const RESERVED_ATTR_PREFIX: &str = "em";
+/// Runtime attribute: the names of attributes whose values are bytes that are not UTF-8 text,
+/// stored base64-encoded (separated by U+001F). Clients see them as binary attributes.
+pub const ATTR_BINARY: &str = "embinary";
+const BINARY_SEPARATOR: char = '\u{1f}';
 
 /// Size bounds of a frame. [`FrameLimits::DEFAULT`] are the reference's values.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -90,6 +94,53 @@ impl FrameLimits {
             max_attributes: self.max_attributes + RUNTIME_STAMPS,
             ..self
         }
+    }
+}
+
+impl Frame {
+    /// Sets an attribute whose value may be any bytes: UTF-8 text as it is, anything else
+    /// base64-encoded and listed in [`ATTR_BINARY`], so its bytes come back exactly.
+    pub fn set_bytes_attribute(&mut self, name: &str, value: &[u8]) {
+        match std::str::from_utf8(value) {
+            Ok(text) => self.set_attribute(name, text),
+            Err(_) => self.set_binary_attribute(name, value),
+        }
+    }
+
+    /// Sets a binary attribute: base64-encoded and listed in [`ATTR_BINARY`], whatever the
+    /// bytes are.
+    pub fn set_binary_attribute(&mut self, name: &str, value: &[u8]) {
+        use base64::Engine as _;
+        self.set_attribute(
+            name,
+            base64::engine::general_purpose::STANDARD.encode(value),
+        );
+        let mut names: Vec<String> = self.binary_names().map(str::to_owned).collect();
+        if !names.iter().any(|n| n == name) {
+            names.push(name.to_owned());
+        }
+        let listed = names.join(&BINARY_SEPARATOR.to_string());
+        self.set_attribute(ATTR_BINARY, listed);
+    }
+
+    /// Names of the attributes stored as base64 bytes.
+    pub fn binary_names(&self) -> impl Iterator<Item = &str> {
+        self.attribute(ATTR_BINARY)
+            .into_iter()
+            .flat_map(|listed| listed.split(BINARY_SEPARATOR))
+            .filter(|name| !name.is_empty())
+    }
+
+    /// The bytes of an attribute listed in [`ATTR_BINARY`]; `None` when it is not one (or is
+    /// not valid base64).
+    pub fn binary_attribute(&self, name: &str) -> Option<Vec<u8>> {
+        use base64::Engine as _;
+        if !self.binary_names().any(|n| n == name) {
+            return None;
+        }
+        base64::engine::general_purpose::STANDARD
+            .decode(self.attribute(name)?)
+            .ok()
     }
 }
 

@@ -2,7 +2,9 @@
 //!
 //! Names are validated, never silently mangled, so that a composite key splits back into
 //! exactly the parts it was built from:
-//! * [`Topic`]: not empty, at most 249 bytes, no `#`, no `@`, no control characters.
+//! * [`Topic`]: not empty, at most 245 bytes (so `<topic>_DLQ` fits Kafka's 249; names ending
+//!   in `_DLQ` may use all 249), no `#`, no `@`, no control characters. Backends may refuse
+//!   more (puller-svc checks their own rules).
 //! * [`ClientId`]: not empty, at most 256 bytes, no `#`, no control characters, and not of the
 //!   reserved form `__…__` (starts and ends with two underscores).
 //! * [`GroupName`]: `[A-Za-z0-9._-]`, 1 to 128 bytes; a BROADCAST client's own group is `~`
@@ -21,8 +23,13 @@
 use std::fmt;
 use std::str::FromStr;
 
-/// Longest topic name, in bytes (Kafka's limit).
+/// Longest topic name, in bytes (Kafka's limit); only dead-letter topics (`…_DLQ`) use all of
+/// it, see [`MAX_TOPIC_BYTES_WITH_ROOM`].
 pub const MAX_TOPIC_BYTES: usize = 249;
+/// Longest name of a topic that is not a dead-letter topic: room is left for the `_DLQ` suffix
+/// of its dead-letter topic.
+pub const MAX_TOPIC_BYTES_WITH_ROOM: usize = MAX_TOPIC_BYTES - 4;
+const DEAD_LETTER_SUFFIX: &str = "_DLQ";
 /// Longest client id, in bytes.
 pub const MAX_CLIENT_ID_BYTES: usize = 256;
 /// Longest group name, in bytes.
@@ -70,6 +77,16 @@ pub enum KeyError {
         value: String,
         /// The character.
         ch: char,
+    },
+    /// A topic name that leaves no room for its dead-letter topic's suffix.
+    #[error(
+        "topic {value:?} is {len} bytes; at most {MAX_TOPIC_BYTES_WITH_ROOM}, so that its dead-letter topic <topic>_DLQ fits {MAX_TOPIC_BYTES} (only names ending in _DLQ may use all {MAX_TOPIC_BYTES})"
+    )]
+    NoRoomForDeadLetters {
+        /// The offending value.
+        value: String,
+        /// Its length.
+        len: usize,
     },
     /// A client id has the reserved `__…__` form.
     #[error("client id {0:?} has the reserved form __…__")]
@@ -171,6 +188,12 @@ impl Topic {
     pub fn new(value: impl Into<String>) -> Result<Self, KeyError> {
         let value = value.into();
         check_len("topic", &value, MAX_TOPIC_BYTES)?;
+        if value.len() > MAX_TOPIC_BYTES_WITH_ROOM && !value.ends_with(DEAD_LETTER_SUFFIX) {
+            return Err(KeyError::NoRoomForDeadLetters {
+                len: value.len(),
+                value,
+            });
+        }
         check_chars("topic", &value, &['#', '@'])?;
         Ok(Topic(value))
     }
@@ -559,7 +582,14 @@ mod tests {
         for bad in ["", "a#b", "a@b", "tab\there"] {
             assert!(Topic::new(bad).is_err(), "{bad:?} accepted");
         }
-        assert!(Topic::new("x".repeat(MAX_TOPIC_BYTES)).is_ok());
+        assert!(Topic::new("x".repeat(MAX_TOPIC_BYTES_WITH_ROOM)).is_ok());
+        // 246..=249 bytes used to be valid, and their `<topic>_DLQ` was not.
+        assert!(matches!(
+            Topic::new("x".repeat(MAX_TOPIC_BYTES_WITH_ROOM + 1)),
+            Err(KeyError::NoRoomForDeadLetters { len: 246, .. })
+        ));
+        let dead = format!("{}_DLQ", "x".repeat(MAX_TOPIC_BYTES_WITH_ROOM));
+        assert!(Topic::new(dead).is_ok(), "a dead-letter topic uses all 249");
         assert!(matches!(
             Topic::new("x".repeat(MAX_TOPIC_BYTES + 1)),
             Err(KeyError::TooLong { .. })

@@ -16,6 +16,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
+use eventmesh_common::metrics::group_label;
 use tokio::sync::{Notify, Semaphore};
 
 /// KiB charged for a record of `bytes`.
@@ -73,6 +74,16 @@ impl TopicBudget {
         for signal in members.values() {
             signal.notify_one();
         }
+    }
+
+    /// No group is a member and nothing is held.
+    pub fn is_unused(&self) -> bool {
+        self.lock_members().is_empty()
+            && self
+                .held
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .is_empty()
     }
 
     /// What one group may hold: the budget divided by the topic's groups.
@@ -190,7 +201,7 @@ impl TopicBudget {
             slot.records = slot.records.saturating_sub(charge.records);
             slot.kib = slot.kib.saturating_sub(charge.kib);
         }
-        metrics::gauge!("dispatcher_buffered_records", "topic" => self.topic.clone(), "group" => group.to_owned())
+        metrics::gauge!("dispatcher_buffered_records", "topic" => self.topic.clone(), "group" => group_label(group))
             .set(f64::from(slot.records));
         if *slot == Charge::default() {
             held.remove(group);
@@ -207,7 +218,7 @@ impl TopicBudget {
         let mut governing = self.governing.lock().unwrap_or_else(|p| p.into_inner());
         if *governing != slowest {
             if let Some(old) = governing.take() {
-                metrics::gauge!("dispatcher_topic_buffer_full", "topic" => self.topic.clone(), "group" => old).set(0.0);
+                metrics::gauge!("dispatcher_topic_buffer_full", "topic" => self.topic.clone(), "group" => group_label(&old)).set(0.0);
             }
             if let Some(group) = &slowest {
                 tracing::warn!(
@@ -215,7 +226,7 @@ impl TopicBudget {
                     group,
                     "topic buffer full: pulling paused; this group holds the most un-ACKed records"
                 );
-                metrics::gauge!("dispatcher_topic_buffer_full", "topic" => self.topic.clone(), "group" => group.clone()).set(1.0);
+                metrics::gauge!("dispatcher_topic_buffer_full", "topic" => self.topic.clone(), "group" => group_label(group)).set(1.0);
             }
             *governing = slowest;
         }
@@ -227,7 +238,7 @@ impl TopicBudget {
         }
         let mut governing = self.governing.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(old) = governing.take() {
-            metrics::gauge!("dispatcher_topic_buffer_full", "topic" => self.topic.clone(), "group" => old).set(0.0);
+            metrics::gauge!("dispatcher_topic_buffer_full", "topic" => self.topic.clone(), "group" => group_label(&old)).set(0.0);
         }
     }
 }

@@ -1,9 +1,12 @@
 //! Writing dead-letter envelopes to `<topic>_DLQ` through puller-svc (DESIGN §10).
 //!
-//! The topic is created on demand. A write that fails is retried with backoff for as long as
-//! it takes: the delivery stays held (unsettled) meanwhile, every failure is logged at error
-//! level and counted (`dispatcher_dead_letter_failures_total`), and
-//! `dispatcher_dead_letters_stuck` shows how many wait — an alert, never a drop.
+//! The topic is created on demand (explicitly: dead-letter topics are ours, whatever the
+//! auto-create setting). A write that fails is retried for as long as it takes: the delivery
+//! stays held (unsettled) meanwhile, every failure is counted
+//! (`dispatcher_dead_letter_failures_total`), and `dispatcher_dead_letters_stuck` shows how
+//! many wait — an alert, never a drop. Transient failures are retried with backoff; a refusal
+//! that retrying soon cannot fix (a name the MQ refuses, a missing topic that cannot be
+//! created) is logged once at ERROR with the source event and tried again every minute.
 
 use std::collections::HashSet;
 use std::sync::Mutex;
@@ -14,6 +17,26 @@ use eventmesh_proto::puller::{CreateTopicRequest, PublishRequest};
 use tonic::transport::Channel;
 
 use crate::batching::Backoff;
+
+/// How often a dead-letter write refused for good (a bad name, a topic that cannot be created)
+/// is tried again: rarely, and loudly once; never dropped, since the event would be lost.
+const PERMANENT_RETRY: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Refusals that do not go away by retrying soon: the request itself, or the MQ's state.
+fn is_permanent(status: &tonic::Status) -> bool {
+    use tonic::Code;
+    matches!(
+        status.code(),
+        Code::InvalidArgument
+            | Code::NotFound
+            | Code::FailedPrecondition
+            | Code::PermissionDenied
+            | Code::ResourceExhausted
+            | Code::OutOfRange
+            | Code::Unimplemented
+            | Code::Unauthenticated
+    )
+}
 
 /// Writes envelopes.
 pub struct DeadLetterWriter {
@@ -62,12 +85,24 @@ impl DeadLetterWriter {
                 Ok(()) => break,
                 Err(status) => {
                     metrics::counter!("dispatcher_dead_letter_failures_total").increment(1);
+                    let permanent = is_permanent(&status);
                     if !stuck {
                         stuck = true;
                         metrics::gauge!("dispatcher_dead_letters_stuck").increment(1.0);
+                        if permanent {
+                            tracing::error!(topic, code = ?status.code(), message = status.message(), source_topic = letter.topic, source_partition = letter.partition, source_offset = letter.offset, "dead-letter write refused: this will not succeed until the cause is fixed (the event is held, unsettled, and the write tried again every minute)");
+                        }
                     }
-                    tracing::error!(topic, code = ?status.code(), message = status.message(), source_offset = letter.offset, "dead-letter write failed; the event is held and the write retried");
-                    tokio::time::sleep(backoff.next_delay()).await;
+                    if permanent {
+                        self.created
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .remove(&topic);
+                        tokio::time::sleep(PERMANENT_RETRY).await;
+                    } else {
+                        tracing::warn!(topic, code = ?status.code(), message = status.message(), source_offset = letter.offset, "dead-letter write failed; the event is held and the write retried");
+                        tokio::time::sleep(backoff.next_delay()).await;
+                    }
                 }
             }
         }
@@ -88,6 +123,7 @@ impl DeadLetterWriter {
                 .create_topic(CreateTopicRequest {
                     topic: topic.to_owned(),
                     partitions: 0,
+                    implicit: false,
                 })
                 .await?;
             self.created

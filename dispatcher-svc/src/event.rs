@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
-use eventmesh_common::frame::{Frame, FrameError, FrameLimits, RESERVED_ATTR_PREFIX};
+use eventmesh_common::frame::{ATTR_BINARY, Frame, FrameError, FrameLimits, RESERVED_ATTR_PREFIX};
 use eventmesh_proto::client::Event;
 
 use crate::error::DispatcherError;
@@ -36,7 +36,19 @@ const CONTEXT_ATTRIBUTES: [&str; 7] = [
 /// Encodes a published event as a frame, generating its id when empty. Returns the frame and
 /// the event id.
 pub fn encode_for_publish(mut event: Event) -> Result<(Bytes, String), DispatcherError> {
-    for name in event.attributes.keys() {
+    for name in event.binary_attributes.keys() {
+        if event.attributes.contains_key(name) {
+            return Err(DispatcherError::invalid(
+                format!("event.binary_attributes[{name:?}]"),
+                "is also a text attribute; a name is in one map only",
+            ));
+        }
+    }
+    for name in event
+        .attributes
+        .keys()
+        .chain(event.binary_attributes.keys())
+    {
         if name.starts_with(RESERVED_ATTR_PREFIX) {
             return Err(DispatcherError::invalid(
                 format!("event.attributes[{name:?}]"),
@@ -72,6 +84,11 @@ pub fn encode_for_publish(mut event: Event) -> Result<(Bytes, String), Dispatche
     for (name, value) in attributes {
         frame.set_attribute(name, value);
     }
+    let mut binary: Vec<_> = event.binary_attributes.into_iter().collect();
+    binary.sort_unstable();
+    for (name, value) in binary {
+        frame.set_binary_attribute(&name, &value);
+    }
     frame.data = event.data;
     let body = frame
         .encode(&FrameLimits::DEFAULT)
@@ -93,6 +110,15 @@ pub fn decode_for_delivery(body: &Bytes) -> Result<Event, FrameError> {
         ..Event::default()
     };
     for (name, value) in frame.attributes() {
+        if name == ATTR_BINARY {
+            continue;
+        }
+        if let Some(bytes) = frame.binary_attribute(name) {
+            event
+                .binary_attributes
+                .insert(name.clone(), Bytes::from(bytes));
+            continue;
+        }
         let slot = match name.as_str() {
             ID => &mut event.id,
             SOURCE => &mut event.source,
@@ -148,6 +174,31 @@ mod tests {
         assert_eq!(back.attributes["tenant"], "a");
         assert_eq!(&back.data[..], b"{}");
         assert_ne!(new_event_id(), new_event_id());
+    }
+
+    #[test]
+    fn binary_attributes_round_trip_byte_for_byte() {
+        let mut with_bytes = event();
+        with_bytes
+            .binary_attributes
+            .insert("sig".into(), Bytes::from_static(&[0xFF, 0, 0x80]));
+        with_bytes
+            .binary_attributes
+            .insert("plain".into(), Bytes::from_static(b"text"));
+        let (body, _) = encode_for_publish(with_bytes).unwrap();
+        let back = decode_for_delivery(&body).unwrap();
+        assert_eq!(&back.binary_attributes["sig"][..], &[0xFF, 0, 0x80]);
+        assert_eq!(
+            &back.binary_attributes["plain"][..],
+            b"text",
+            "binary stays binary"
+        );
+        assert!(!back.attributes.contains_key("embinary"));
+        let mut clash = event();
+        clash
+            .binary_attributes
+            .insert("tenant".into(), Bytes::from_static(b"x"));
+        assert!(encode_for_publish(clash).is_err(), "a name in both maps");
     }
 
     #[test]

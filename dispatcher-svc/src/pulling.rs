@@ -162,8 +162,29 @@ async fn gate_open(gate: &mut watch::Receiver<PullGate>) -> bool {
     }
 }
 
-/// The loop of one group (see the module doc).
+/// The loop of one group (see the module doc); when it ends, a budget nothing holds any more
+/// is dropped.
 pub(crate) async fn pull_loop(
+    shared: Arc<Shared>,
+    key: GroupKey,
+    group: mpsc::UnboundedSender<GroupCmd>,
+    gate: watch::Receiver<PullGate>,
+    budget: Arc<TopicBudget>,
+    positions: Positions,
+) {
+    run(
+        Arc::clone(&shared),
+        key.clone(),
+        group,
+        gate,
+        budget,
+        positions,
+    )
+    .await;
+    shared.drop_budget_if_unused(&key.topic);
+}
+
+async fn run(
     shared: Arc<Shared>,
     key: GroupKey,
     group: mpsc::UnboundedSender<GroupCmd>,

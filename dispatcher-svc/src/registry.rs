@@ -284,6 +284,27 @@ impl Shared {
             groups.by_key.remove(key);
         }
         groups.by_number.remove(&number);
+        drop(groups);
+        self.drop_budget_if_unused(&key.topic);
+        eventmesh_common::metrics::forget_group_label(&key.label());
+    }
+
+    /// A topic no group reads any more keeps no budget (topics come and go). Called when a
+    /// group ends and when its pull loop has returned what it held.
+    pub(crate) fn drop_budget_if_unused(&self, topic: &Topic) {
+        let groups = self.lock_groups();
+        if groups.by_key.keys().any(|k| k.topic == *topic) {
+            return;
+        }
+        let mut budgets = self.budgets.lock().unwrap_or_else(|p| p.into_inner());
+        if budgets.get(topic).is_some_and(|b| b.is_unused()) {
+            budgets.remove(topic);
+        }
+    }
+
+    /// Topics with a buffer budget in memory.
+    pub fn budget_count(&self) -> usize {
+        self.budgets.lock().unwrap_or_else(|p| p.into_inner()).len()
     }
 
     /// Stops every group (instance shutdown).
@@ -354,6 +375,7 @@ impl Shared {
             .create_topic(CreateTopicRequest {
                 topic: key.topic.to_string(),
                 partitions: 0,
+                implicit: true,
             })
             .await
             .map_err(puller_error)?;

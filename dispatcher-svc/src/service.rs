@@ -159,6 +159,17 @@ impl EventMeshService for EventMeshGrpc {
     ) -> Result<Response<pb::PublishResponse>, Status> {
         let request = request.into_inner();
         let topic = Topic::new(request.topic).map_err(|e| FieldError::new("topic", e))?;
+        if request.key.len() > eventmesh_common::grpc::MAX_RECORD_KEY_BYTES {
+            return Err(DispatcherError::invalid(
+                "key",
+                format!(
+                    "{} bytes, more than {}",
+                    request.key.len(),
+                    eventmesh_common::grpc::MAX_RECORD_KEY_BYTES
+                ),
+            )
+            .into());
+        }
         let event = request
             .event
             .ok_or_else(|| DispatcherError::invalid("event", "required"))?;
@@ -178,6 +189,7 @@ impl EventMeshService for EventMeshGrpc {
                     .create_topic(eventmesh_proto::puller::CreateTopicRequest {
                         topic: topic.to_string(),
                         partitions: 0,
+                        implicit: true,
                     })
                     .await
                     .map_err(puller_error)?;

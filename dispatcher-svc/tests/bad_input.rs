@@ -129,6 +129,37 @@ async fn publish_refuses_reserved_attributes_and_oversized_events() {
         .await
         .unwrap_err();
     assert_eq!(status.code(), Code::InvalidArgument);
+    // A topic name whose on-disk form cannot be a file name (each space takes three bytes) is
+    // refused with the rule, not answered UNAVAILABLE (which clients retry forever); so is a
+    // name too long to leave room for its dead-letter topic, and a key above 64 KiB.
+    let status = client
+        .publish(publish(event(1), &" ".repeat(100)))
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::InvalidArgument, "{status}");
+    assert!(status.message().contains("255"), "{status}");
+    let status = client
+        .publish(publish(event(1), &"t".repeat(246)))
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::InvalidArgument, "{status}");
+    let status = client
+        .publish(pb::PublishRequest {
+            topic: "t".into(),
+            event: Some(event(1)),
+            key: "k".repeat(64 * 1024 + 1),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::InvalidArgument, "{status}");
+    assert!(status.message().contains("key"), "{status}");
+    let mut open_spaces = open("c", &" ".repeat(100), "", SubscriptionMode::LoadBalance);
+    open_spaces.start = 0;
+    let status = try_subscribe(instance.dispatcher_addr(), open_spaces)
+        .await
+        .err()
+        .unwrap();
+    assert_eq!(status.code(), Code::InvalidArgument, "{status}");
     // Nothing of the above reached the topic; a good event does, with a generated id.
     let mut good = event(1);
     good.id = String::new();

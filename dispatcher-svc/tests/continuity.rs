@@ -327,3 +327,116 @@ async fn a_reset_of_a_live_group_ends_it_first_and_is_not_written_over() {
         "the group starts again from the reset"
     );
 }
+
+/// Caps on what one client can ask for: a NACK delay or an extension beyond the configured
+/// maximum is capped, and the answer says so; the capped NACK redelivers at the cap.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nack_delays_and_extensions_are_capped_and_the_answer_says_so() {
+    let settings = dispatcher_svc::config::DeliverySettings {
+        max_nack_delay_ms: 300,
+        max_extend_ms: 1_000,
+        ..fast_settings()
+    };
+    let instance = Instance::start(settings).await;
+    instance.create_topic("caps", 1).await;
+    let mut client = instance.client().await;
+    publish(&mut client, "caps", 0..2).await;
+    let mut session = subscribe(instance.dispatcher_addr(), open("app", "caps", "", LB)).await;
+    let got = session.deliveries(2, Duration::from_secs(10)).await;
+    session.extend(&got[1].delivery_id, 3_600_000).await;
+    session.nack(&got[0].delivery_id, 3_600_000).await;
+    let results = session.results(2, Duration::from_secs(5)).await;
+    let extended = results
+        .iter()
+        .find(|r| r.delivery_id == got[1].delivery_id)
+        .unwrap();
+    assert!(
+        extended.detail.contains("capped to 1000 ms"),
+        "{extended:?}"
+    );
+    let nacked = results
+        .iter()
+        .find(|r| r.delivery_id == got[0].delivery_id)
+        .unwrap();
+    assert!(nacked.detail.contains("capped to 300 ms"), "{nacked:?}");
+    // Asked for an hour, back within the cap.
+    let again = session.deliveries(1, Duration::from_secs(3)).await;
+    assert_eq!(again.len(), 1, "redelivered at the capped delay");
+    assert_eq!(again[0].delivery_id, got[0].delivery_id);
+}
+
+/// A BROADCAST client whose id equals a named group's name is a group of its own: each gets
+/// every event (it used to join the named group and share its events and progress).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broadcast_client_named_like_a_group_does_not_join_it() {
+    let instance = Instance::start(fast_settings()).await;
+    instance.create_topic("names", 1).await;
+    let mut client = instance.client().await;
+    let addr = instance.dispatcher_addr();
+    let mut named = subscribe(addr, open("worker", "names", "billing", LB)).await;
+    let mut broadcast = subscribe(
+        addr,
+        open("billing", "names", "", SubscriptionMode::Broadcast),
+    )
+    .await;
+    assert_eq!(named.opened.group, "billing");
+    assert_eq!(broadcast.opened.group, "~billing");
+    publish(&mut client, "names", 0..10).await;
+    assert_eq!(
+        consume(&mut named, 10, Duration::from_secs(10)).await.len(),
+        10
+    );
+    assert_eq!(
+        consume(&mut broadcast, 10, Duration::from_secs(10))
+            .await
+            .len(),
+        10
+    );
+}
+
+/// A new group starting at LATEST on an empty partition, whose dispatcher crashes after
+/// delivering and before any ACK: after the restart the events come back. Before, nothing was
+/// stored for the start (the end was 0), the restarted group looked new, and a puller set to
+/// `--start latest` put it at the end, past events delivered but never ACKed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_starting_at_latest_gets_its_unacked_events_back_after_a_crash() {
+    let dir = tempfile::tempdir().unwrap();
+    let offsets =
+        start_offset_svc(&dir.path().join("offsets"), "127.0.0.1:0".parse().unwrap()).await;
+    let storage: std::sync::Arc<dyn puller_svc::storage::Storage> = std::sync::Arc::new(
+        puller_svc::storage::local::LocalStorage::open(
+            dir.path().join("puller"),
+            LogSettings::default(),
+            puller_svc::cursors::StartAt::Latest,
+        )
+        .unwrap(),
+    );
+    let puller = start_puller_over(storage, offsets.local_addr(), 1).await;
+    let (dispatcher, _) =
+        start_dispatcher(puller.local_addr(), offsets.local_addr(), fast_settings()).await;
+    let mut latest = open("app", "fresh", "late", LB);
+    latest.start = eventmesh_proto::client::StartPosition::Latest as i32;
+    let mut session = subscribe(dispatcher.local_addr(), latest.clone()).await;
+    let mut client =
+        eventmesh_proto::client::event_mesh_service_client::EventMeshServiceClient::new(lazy(
+            dispatcher.local_addr(),
+        ));
+    publish(&mut client, "fresh", 0..5).await;
+    assert_eq!(
+        session.deliveries(5, Duration::from_secs(10)).await.len(),
+        5
+    );
+    // The dispatcher goes away before any ACK (it stored nothing but the group's start).
+    drop(session);
+    dispatcher.shutdown();
+    dispatcher.wait().await.unwrap();
+    let (dispatcher, _) =
+        start_dispatcher(puller.local_addr(), offsets.local_addr(), fast_settings()).await;
+    let mut again = subscribe(dispatcher.local_addr(), latest).await;
+    let back = consume(&mut again, 5, Duration::from_secs(10)).await;
+    assert_eq!(
+        back,
+        (0..5).collect(),
+        "delivered but never ACKed: they come back"
+    );
+}

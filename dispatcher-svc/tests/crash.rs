@@ -98,6 +98,7 @@ impl Neighbours {
             .create_topic(eventmesh_proto::puller::CreateTopicRequest {
                 topic: topic.into(),
                 partitions: 1,
+                implicit: false,
             })
             .await
             .unwrap();

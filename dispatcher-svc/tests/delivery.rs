@@ -203,7 +203,13 @@ async fn ack_timeouts_redeliver_then_dead_letter_to_the_dlq_topic() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_leaving_session_hands_its_deliveries_to_the_other_and_a_late_ack_settles() {
-    let instance = Instance::start(fast_settings()).await;
+    // A long backoff: what a leaving session held must not wait for it (it used to).
+    let instance = Instance::start(dispatcher_svc::config::DeliverySettings {
+        backoff_base_ms: 20_000,
+        backoff_max_ms: 20_000,
+        ..fast_settings()
+    })
+    .await;
     instance.create_topic("shared", 1).await;
     let mut client = instance.client().await;
     let addr = instance.dispatcher_addr();
@@ -218,7 +224,7 @@ async fn a_leaving_session_hands_its_deliveries_to_the_other_and_a_late_ack_sett
     second.ack(&b_ids).await;
     // worker-a leaves with its deliveries in flight: they go to worker-b at once.
     drop(first);
-    let moved = second.deliveries(a.len(), WAIT).await;
+    let moved = second.deliveries(a.len(), Duration::from_secs(5)).await;
     let ids = |ds: &[eventmesh_proto::client::Delivery]| {
         ds.iter()
             .map(|d| d.delivery_id.clone())

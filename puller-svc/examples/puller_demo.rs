@@ -91,6 +91,7 @@ async fn main() -> anyhow::Result<()> {
         .create_topic(pb::CreateTopicRequest {
             topic: "demo-events".into(),
             partitions: 1,
+            implicit: false,
         })
         .await?
         .into_inner();

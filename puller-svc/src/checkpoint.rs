@@ -164,6 +164,12 @@ pub fn store(path: &Path, cursors: &Cursors) -> Result<(), CheckpointError> {
         path: path.to_owned(),
         source,
     };
+    let dir = path
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    // A backend whose data directory holds nothing else (Kafka) may not have created it.
+    fs::create_dir_all(dir).map_err(error)?;
     let mut tmp = path.as_os_str().to_owned();
     tmp.push(".tmp");
     let tmp = PathBuf::from(tmp);
@@ -173,10 +179,6 @@ pub fn store(path: &Path, cursors: &Cursors) -> Result<(), CheckpointError> {
     drop(file);
     crash_point(CrashPoint::BeforeCheckpointRename);
     fs::rename(&tmp, path).map_err(error)?;
-    let dir = path
-        .parent()
-        .filter(|d| !d.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
     File::open(dir).and_then(|d| d.sync_all()).map_err(error)
 }
 

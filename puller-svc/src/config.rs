@@ -80,6 +80,14 @@ pub struct Config {
     /// Deadline of every call to offset-svc, milliseconds (a frozen one also fails calls
     /// through HTTP/2 keepalive within about 3 s).
     pub dependency_timeout_ms: u64,
+    /// Create a topic when a publish or subscribe names one that does not exist; unset: on
+    /// for `local`, off for brokers (where topics are usually provisioned).
+    pub auto_create_topics: Option<bool>,
+    /// Age limit of dead-letter topics (`<topic>_DLQ`), hours; 0 keeps them forever.
+    pub dead_letter_retention_hours: u64,
+    /// A reader no dispatcher used for this long is evicted (its generation, its Kafka
+    /// consumer, its cursors and their checkpoint), seconds.
+    pub reader_idle_secs: u64,
 }
 
 impl Default for Config {
@@ -101,11 +109,26 @@ impl Default for Config {
             log_format: LogFormat::Text,
             shutdown_timeout_secs: 10,
             dependency_timeout_ms: 5_000,
+            auto_create_topics: None,
+            dead_letter_retention_hours: 0,
+            reader_idle_secs: 600,
         }
     }
 }
 
 impl Config {
+    /// Whether topics named by a publish or subscribe are created.
+    pub fn auto_create(&self) -> bool {
+        self.auto_create_topics
+            .unwrap_or(self.backend == Backend::Local)
+    }
+
+    /// The age limit of dead-letter topics (`None`: keep them).
+    pub fn dead_letter_retention_ms(&self) -> Option<i64> {
+        (self.dead_letter_retention_hours > 0)
+            .then(|| self.dead_letter_retention_hours as i64 * 3_600_000)
+    }
+
     /// The local log settings this configuration implies.
     pub fn log_settings(&self) -> LogSettings {
         LogSettings {
@@ -177,6 +200,15 @@ pub struct Args {
     /// Deadline of calls to offset-svc, ms [default: 5000].
     #[arg(long, env = "EM_PULLER_DEPENDENCY_TIMEOUT_MS")]
     pub dependency_timeout_ms: Option<u64>,
+    /// Create topics a publish or subscribe names [default: on for local, off for kafka].
+    #[arg(long, env = "EM_PULLER_AUTO_CREATE_TOPICS")]
+    pub auto_create_topics: Option<bool>,
+    /// Age limit of dead-letter topics, hours; 0 keeps them [default: 0].
+    #[arg(long, env = "EM_PULLER_DEAD_LETTER_RETENTION_HOURS")]
+    pub dead_letter_retention_hours: Option<u64>,
+    /// Evict readers unused for this long, seconds [default: 600].
+    #[arg(long, env = "EM_PULLER_READER_IDLE_SECS")]
+    pub reader_idle_secs: Option<u64>,
 }
 
 impl Args {
@@ -208,9 +240,18 @@ impl Args {
             &mut config.dependency_timeout_ms,
             self.dependency_timeout_ms,
         );
+        if self.auto_create_topics.is_some() {
+            config.auto_create_topics = self.auto_create_topics;
+        }
+        apply(
+            &mut config.dead_letter_retention_hours,
+            self.dead_letter_retention_hours,
+        );
+        apply(&mut config.reader_idle_secs, self.reader_idle_secs);
         for (key, value) in [
             ("checkpoint_interval_ms", config.checkpoint_interval_ms),
             ("dependency_timeout_ms", config.dependency_timeout_ms),
+            ("reader_idle_secs", config.reader_idle_secs),
         ] {
             if value == 0 {
                 return Err(ConfigError::Invalid {

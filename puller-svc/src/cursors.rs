@@ -202,6 +202,21 @@ impl GroupCursors {
         }
     }
 
+    /// Forgets the cursors of `topic`; `true` when none is left (the file can go).
+    fn forget_topic(&mut self, topic: &Topic) -> bool {
+        let before = self.cursors.len();
+        self.cursors.retain(|key, _| key.topic != *topic);
+        if self.cursors.is_empty() {
+            // Nothing to write: a checkpoint racing the eviction must not recreate the file.
+            self.dirty = false;
+            return true;
+        }
+        if self.cursors.len() != before {
+            self.dirty = true;
+        }
+        false
+    }
+
     /// Writes the checkpoint atomically if anything changed since the last one.
     pub fn checkpoint(&mut self) -> Result<bool, CheckpointError> {
         if !self.dirty {
@@ -264,6 +279,34 @@ impl CursorBook {
                 .map(|(key, next)| (key.partition.clone(), *next))
                 .collect()
         })
+    }
+
+    /// Forgets a group's cursors on `topic` (a reader no one used for a long time); a group
+    /// left without cursors is dropped from memory and its checkpoint file deleted. Its next
+    /// Attach positions it again.
+    pub fn evict(&self, group: &Option<GroupName>, topic: &Topic) {
+        let mut groups = self.groups.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(shared) = groups.get(group).cloned() else {
+            return;
+        };
+        let mut cursors = shared.lock().unwrap_or_else(|p| p.into_inner());
+        if cursors.forget_topic(topic) {
+            groups.remove(group);
+            match std::fs::remove_file(&cursors.path) {
+                Ok(()) => {
+                    tracing::info!(file = %cursors.path.display(), "idle reader evicted; its checkpoint removed");
+                }
+                Err(err) if err.kind() == std::io::ErrorKind::NotFound => {}
+                Err(err) => {
+                    tracing::warn!(file = %cursors.path.display(), error = %err, "removing an evicted reader's checkpoint failed");
+                }
+            }
+        }
+    }
+
+    /// Groups whose cursors are in memory.
+    pub fn group_count(&self) -> usize {
+        self.groups.lock().unwrap_or_else(|p| p.into_inner()).len()
     }
 
     /// Checkpoints every group that changed.

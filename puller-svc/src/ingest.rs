@@ -13,6 +13,15 @@
 //! it reaches the dead-letter topic with its reason instead of vanishing. Every result is
 //! stamped with `emmqpartition` and `emmqoffset` (and `empopck` when the broker needs an ACK)
 //! and encoded.
+//!
+//! Fidelity with other producers' records:
+//! * header values are kept byte for byte: UTF-8 text as is, anything else base64-encoded and
+//!   listed in `embinary` (clients see binary attributes);
+//! * a record in the Kafka binding's binary mode (a `ce_specversion` header) has its `ce_*`
+//!   headers mapped to the CloudEvents attributes (`ce_id` → `id`, …) and `content-type` to
+//!   `datacontenttype`;
+//! * an event without an id gets a stable one, `<topic>/<partition>/<offset>`, so consumers
+//!   can de-duplicate redeliveries of foreign records too.
 
 use base64::Engine as _;
 use bytes::Bytes;
@@ -35,9 +44,14 @@ pub enum BodyKind {
     MalformedFrame,
 }
 
+/// A message header: its name and its value's bytes (empty for a null value).
+pub type Header = (String, Bytes);
+
 /// Where a message came from in the MQ.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Origin<'a> {
+    /// Its topic.
+    pub topic: &'a eventmesh_common::keys::Topic,
     /// Its partition.
     pub partition: &'a PartitionId,
     /// Its offset.
@@ -61,7 +75,7 @@ pub struct Ingested {
 /// headers / user properties, used for opaque bodies).
 pub fn ingest(
     body: Bytes,
-    headers: &[(String, String)],
+    headers: &[Header],
     origin: &Origin<'_>,
     limits: &FrameLimits,
 ) -> Ingested {
@@ -76,6 +90,12 @@ pub fn ingest(
         (BodyKind::Opaque, Ok(opaque(&body, headers)))
     };
     let stamped = converted.and_then(|mut frame| {
+        if frame.attribute("id").is_none_or(str::is_empty) {
+            frame.set_attribute(
+                "id",
+                format!("{}/{}/{}", origin.topic, origin.partition, origin.offset),
+            );
+        }
         frame.set_attribute(ATTR_MQ_PARTITION, origin.partition.as_str());
         frame.set_attribute(ATTR_MQ_OFFSET, origin.offset.to_string());
         if let Some(pop_ck) = origin.pop_ck {
@@ -117,10 +137,21 @@ pub fn malformed(body: Bytes, mut reason: String) -> Ingested {
     }
 }
 
-fn opaque(body: &Bytes, headers: &[(String, String)]) -> Frame {
+fn opaque(body: &Bytes, headers: &[Header]) -> Frame {
     let mut frame = Frame::event();
+    let binary_mode = headers.iter().any(|(name, _)| name == "ce_specversion");
     for (name, value) in headers {
-        frame.set_attribute(name.as_str(), value.as_str());
+        let name = if binary_mode {
+            match name.strip_prefix("ce_") {
+                Some("specversion") => continue,
+                Some(attribute) => attribute,
+                None if name.eq_ignore_ascii_case("content-type") => "datacontenttype",
+                None => name.as_str(),
+            }
+        } else {
+            name.as_str()
+        };
+        frame.set_bytes_attribute(name, value);
     }
     frame.data = body.clone();
     frame
@@ -173,8 +204,15 @@ mod tests {
 
     const LIMITS: FrameLimits = FrameLimits::DEFAULT;
 
+    fn topic() -> &'static eventmesh_common::keys::Topic {
+        static TOPIC: std::sync::OnceLock<eventmesh_common::keys::Topic> =
+            std::sync::OnceLock::new();
+        TOPIC.get_or_init(|| eventmesh_common::keys::Topic::new("orders").unwrap())
+    }
+
     fn origin(partition: &PartitionId) -> Origin<'_> {
         Origin {
+            topic: topic(),
             partition,
             offset: 41,
             pop_ck: None,
@@ -209,6 +247,7 @@ mod tests {
     fn pop_handles_are_stamped_too() {
         let partition = PartitionId::new("broker-a:1").unwrap();
         let origin = Origin {
+            topic: topic(),
             partition: &partition,
             offset: 7,
             pop_ck: Some("ck-123"),
@@ -257,7 +296,7 @@ mod tests {
     #[test]
     fn other_bodies_are_opaque_with_headers_as_attributes() {
         let partition = PartitionId::number(1);
-        let headers = vec![("content-type".to_owned(), "text/plain".to_owned())];
+        let headers = vec![("content-type".to_owned(), Bytes::from_static(b"text/plain"))];
         for body in [
             &b"{\"no\":\"specversion\"}"[..],
             b"just text",
@@ -277,6 +316,56 @@ mod tests {
             assert_eq!(frame.attribute("content-type"), Some("text/plain"));
             assert_eq!(frame.attribute("emmqoffset"), Some("41"));
         }
+    }
+
+    /// Records of other producers: their header bytes are kept exactly, Kafka binary-mode
+    /// CloudEvents headers become the event's attributes, and an event without an id gets a
+    /// stable one (it used to arrive with an empty id, so consumers could not de-duplicate).
+    #[test]
+    fn foreign_records_keep_header_bytes_and_get_stable_ids() {
+        let partition = PartitionId::number(2);
+        let headers = vec![
+            ("trace".to_owned(), Bytes::from_static(&[0xFF, 0x00, 0x80])),
+            ("tenant".to_owned(), Bytes::from_static(b"acme")),
+        ];
+        let frame = decoded(&ingest(
+            Bytes::from_static(b"raw"),
+            &headers,
+            &origin(&partition),
+            &LIMITS,
+        ));
+        assert_eq!(frame.binary_attribute("trace").unwrap(), [0xFF, 0x00, 0x80]);
+        assert_eq!(frame.attribute("tenant"), Some("acme"));
+        assert_eq!(frame.binary_attribute("tenant"), None, "text stays text");
+        assert_eq!(
+            frame.attribute("id"),
+            Some("orders/2/41"),
+            "derived, stable"
+        );
+
+        let binary_mode = vec![
+            ("ce_specversion".to_owned(), Bytes::from_static(b"1.0")),
+            ("ce_id".to_owned(), Bytes::from_static(b"ce-77")),
+            ("ce_source".to_owned(), Bytes::from_static(b"/java")),
+            ("ce_type".to_owned(), Bytes::from_static(b"order.created")),
+            ("ce_region".to_owned(), Bytes::from_static(b"eu")),
+            (
+                "content-type".to_owned(),
+                Bytes::from_static(b"application/json"),
+            ),
+        ];
+        let frame = decoded(&ingest(
+            Bytes::from_static(b"{}"),
+            &binary_mode,
+            &origin(&partition),
+            &LIMITS,
+        ));
+        assert_eq!(frame.attribute("id"), Some("ce-77"));
+        assert_eq!(frame.attribute("source"), Some("/java"));
+        assert_eq!(frame.attribute("type"), Some("order.created"));
+        assert_eq!(frame.attribute("region"), Some("eu"));
+        assert_eq!(frame.attribute("datacontenttype"), Some("application/json"));
+        assert_eq!(frame.attribute("specversion"), None);
     }
 
     #[test]

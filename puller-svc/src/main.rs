@@ -24,22 +24,28 @@ async fn main() -> anyhow::Result<()> {
         eventmesh_common::shutdown::on_signals().context("installing signal handlers")?;
     let storage: Arc<dyn Storage> = match config.backend {
         Backend::Local => {
-            let (dir, settings, start_at) = (
+            let (dir, settings, dead_letters, start_at) = (
                 config.data_dir.clone(),
                 config.log_settings(),
+                config.dead_letter_retention_ms(),
                 config.start.into(),
             );
             // Recovery scans every segment: keep it off the async workers.
             Arc::new(
-                tokio::task::spawn_blocking(move || LocalStorage::open(dir, settings, start_at))
-                    .await??,
+                tokio::task::spawn_blocking(move || {
+                    LocalStorage::open_with(dir, settings, dead_letters, start_at)
+                })
+                .await??,
             )
         }
-        Backend::Kafka => Arc::new(KafkaStorage::new(
-            &config.kafka_bootstrap,
-            config.data_dir.clone(),
-            config.start.into(),
-        )?),
+        Backend::Kafka => Arc::new(
+            KafkaStorage::new(
+                &config.kafka_bootstrap,
+                config.data_dir.clone(),
+                config.start.into(),
+            )?
+            .with_dead_letter_retention(config.dead_letter_retention_ms()),
+        ),
     };
     // Lazy: the puller starts even while offset-svc is down; readers then wait for it.
     let offset_svc = eventmesh_common::grpc::internal_channel(
@@ -48,7 +54,9 @@ async fn main() -> anyhow::Result<()> {
     )
     .with_context(|| format!("invalid offset_svc endpoint {:?}", config.offset_svc))?;
     let grpc = PullerGrpc::new(Arc::clone(&storage), WatermarkSource::new(offset_svc))
-        .with_default_partitions(config.default_partitions);
+        .with_default_partitions(config.default_partitions)
+        .with_auto_create_topics(config.auto_create())
+        .with_reader_idle(Duration::from_secs(config.reader_idle_secs));
     let server = start(
         config.listen,
         Arc::clone(&storage),

@@ -1,11 +1,12 @@
 //! A `java.util.Properties`-compatible text codec (the format of the reference's pull-cursor
 //! files), so existing files can be read and ours can be read by Java tools.
 //!
-//! Writing follows `Properties.store(Writer, comments)`: a `#comment` line, then `key=value`
-//! lines. In keys every space is escaped, in values only a leading one; `\`, tab, newline,
-//! carriage return, form feed, `=`, `:`, `#` and `!` are backslash-escaped; other control
-//! characters become `\uXXXX`; everything else (including non-ASCII) is written as UTF-8, as
-//! the `Writer` form does.
+//! Writing follows `Properties.store(OutputStream, comments)`: a `#comment` line, then
+//! `key=value` lines, in ASCII only. In keys every space is escaped, in values only a leading
+//! one; `\`, tab, newline, carriage return, form feed, `=`, `:`, `#` and `!` are
+//! backslash-escaped; every other character outside printable ASCII becomes `\uXXXX` (UTF-16
+//! surrogate pairs above U+FFFF), so `Properties.load(InputStream)`, which reads ISO-8859-1,
+//! reads non-ASCII names right (raw UTF-8 it misreads).
 //!
 //! Reading follows `Properties.load(Reader)`: blank lines and lines starting (after leading
 //! whitespace) with `#` or `!` are comments; a line ending in an odd number of backslashes
@@ -32,9 +33,16 @@ pub fn write<'a>(
 ) -> String {
     let mut out = String::new();
     for comment in comments {
-        // A comment must stay one line.
-        let comment = comment.replace(['\n', '\r'], " ");
-        let _ = writeln!(out, "#{comment}");
+        // A comment must stay one line, in ASCII.
+        out.push('#');
+        for ch in comment.chars() {
+            match ch {
+                '\n' | '\r' => out.push(' '),
+                ' '..='~' => out.push(ch),
+                other => push_unicode_escape(&mut out, other),
+            }
+        }
+        out.push('\n');
     }
     for (key, value) in entries {
         escape_into(&mut out, key, true);
@@ -58,11 +66,17 @@ fn escape_into(out: &mut String, text: &str, is_key: bool) {
                 out.push('\\');
                 out.push(ch);
             }
-            c if c.is_control() && (c as u32) < 0x10000 => {
-                let _ = write!(out, "\\u{:04X}", c as u32);
-            }
-            c => out.push(c),
+            ' '..='~' => out.push(ch),
+            other => push_unicode_escape(out, other),
         }
+    }
+}
+
+/// `\uXXXX` for a character outside printable ASCII (a surrogate pair above U+FFFF).
+fn push_unicode_escape(out: &mut String, ch: char) {
+    let mut units = [0u16; 2];
+    for unit in ch.encode_utf16(&mut units) {
+        let _ = write!(out, "\\u{unit:04X}");
     }
 }
 
@@ -188,6 +202,7 @@ mod tests {
                 ("a key:=!", " lead"),
                 ("tab\there", "x\ny"),
                 ("héllo", "wörld"),
+                ("emoji😀", "\u{7}"),
             ],
         );
         assert_eq!(
@@ -196,8 +211,16 @@ mod tests {
              orders\\#0=42\n\
              a\\ key\\:\\=\\!=\\ lead\n\
              tab\\there=x\\ny\n\
-             héllo=wörld\n"
+             h\\u00E9llo=w\\u00F6rld\n\
+             emoji\\uD83D\\uDE00=\\u0007\n"
         );
+        assert!(
+            text.is_ascii(),
+            "what Properties.load(InputStream) reads right"
+        );
+        let back = parse(&text).unwrap();
+        assert_eq!(back[3], ("héllo".to_owned(), "wörld".to_owned()));
+        assert_eq!(back[4], ("emoji😀".to_owned(), "\u{7}".to_owned()));
     }
 
     #[test]

@@ -54,17 +54,42 @@ pub fn spawn_checkpoints(
     interval: Duration,
     shutdown: CancellationToken,
 ) -> JoinHandle<()> {
+    every(interval, shutdown, move || {
+        let storage = Arc::clone(&storage);
+        async move {
+            if let Err(err) = storage.checkpoint().await {
+                tracing::error!(error = %err, "periodic cursor checkpoint failed; retrying at the next interval");
+            }
+        }
+    })
+}
+
+/// Evicts readers no dispatcher used for the idle time, looking every idle/4 (at most once a
+/// minute), until `shutdown`.
+fn spawn_eviction(grpc_service: PullerGrpc, shutdown: CancellationToken) -> JoinHandle<()> {
+    let period =
+        (grpc_service.reader_idle() / 4).clamp(Duration::from_millis(100), Duration::from_secs(60));
+    every(period, shutdown, move || {
+        let grpc_service = grpc_service.clone();
+        async move {
+            grpc_service.evict_idle().await;
+        }
+    })
+}
+
+/// Runs `work` every `period` (a late run is not made up for) until `shutdown`.
+fn every<F, Fut>(period: Duration, shutdown: CancellationToken, work: F) -> JoinHandle<()>
+where
+    F: Fn() -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = ()> + Send,
+{
     tokio::spawn(async move {
-        let mut ticks = tokio::time::interval(interval);
+        let mut ticks = tokio::time::interval(period);
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
                 () = shutdown.cancelled() => return,
-                _ = ticks.tick() => {
-                    if let Err(err) = storage.checkpoint().await {
-                        tracing::error!(error = %err, "periodic cursor checkpoint failed; retrying at the next interval");
-                    }
-                }
+                _ = ticks.tick() => work().await,
             }
         }
     })
@@ -86,6 +111,7 @@ pub async fn start(
     let local_addr = listener.local_addr().map_err(bind_error)?;
     let (health, router) = grpc::standard_router(&[eventmesh_proto::FILE_DESCRIPTOR_SET])
         .map_err(|err| ServerError::Task(err.to_string()))?;
+    let sweeper = grpc_service.clone();
     let router = router.add_service(
         // A publish carries one frame (a dead-letter envelope at most); a pull answer is
         // bounded by the largest pull this service allows.
@@ -98,6 +124,7 @@ pub async fn start(
     );
     let name = <PullerServiceServer<PullerGrpc> as NamedService>::NAME;
     grpc::mark_serving(&health, name).await;
+    spawn_eviction(sweeper, shutdown.clone());
     let token = shutdown.clone();
     let backend = storage.backend();
     let task = tokio::spawn(async move {

@@ -53,12 +53,24 @@ pub const HOLDER_METADATA: &str = "em-reader-holder";
 pub const GENERATION_METADATA: &str = "em-reader-generation";
 
 /// Who holds a reader now.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct ReaderSlot {
     /// The generation of its last Attach; 0: not attached since this process started.
     generation: u64,
     /// The dispatcher that attached it.
     holder: String,
+    /// When it was last attached or polled.
+    last_used: tokio::time::Instant,
+}
+
+impl Default for ReaderSlot {
+    fn default() -> Self {
+        ReaderSlot {
+            generation: 0,
+            holder: String::new(),
+            last_used: tokio::time::Instant::now(),
+        }
+    }
 }
 
 impl ReaderSlot {
@@ -100,7 +112,12 @@ pub struct PullerGrpc {
     generations: Arc<AtomicU64>,
     limits: PollLimits,
     default_partitions: u32,
+    auto_create_topics: bool,
+    reader_idle: Duration,
 }
+
+/// Readers left unused this long are evicted unless configured otherwise.
+pub const DEFAULT_READER_IDLE: Duration = Duration::from_secs(600);
 
 fn parse_reader(field: &str, reader: Option<&pb::GroupTopic>) -> Result<ReaderKey, FieldError> {
     let reader = reader.ok_or_else(|| FieldError::new(field, "missing"))?;
@@ -228,7 +245,69 @@ impl PullerGrpc {
             generations: Arc::new(AtomicU64::new(epoch)),
             limits: PollLimits::default(),
             default_partitions: DEFAULT_PARTITIONS,
+            auto_create_topics: true,
+            reader_idle: DEFAULT_READER_IDLE,
         }
+    }
+
+    /// Readers no dispatcher attached or polled for this long are evicted.
+    pub fn with_reader_idle(mut self, idle: Duration) -> Self {
+        self.reader_idle = idle;
+        self
+    }
+
+    /// How long a reader may stay unused before it is evicted.
+    pub fn reader_idle(&self) -> Duration {
+        self.reader_idle
+    }
+
+    /// Readers known to this process (attached at least once and not evicted).
+    pub fn reader_count(&self) -> usize {
+        self.readers.lock().unwrap_or_else(|p| p.into_inner()).len()
+    }
+
+    /// Evicts every reader unused for the idle time: its generation (its dispatcher attaches
+    /// again when it comes back), what the backend holds for it, and its cursors. A reader
+    /// being attached or polled right now is skipped. Returns how many were evicted.
+    pub async fn evict_idle(&self) -> usize {
+        let now = tokio::time::Instant::now();
+        let idle: Vec<(ReaderKey, Slot)> = {
+            let readers = self.readers.lock().unwrap_or_else(|p| p.into_inner());
+            readers
+                .iter()
+                .map(|(reader, slot)| (reader.clone(), Arc::clone(slot)))
+                .collect()
+        };
+        let mut evicted = 0;
+        for (reader, slot) in idle {
+            let Ok(held) = slot.try_lock() else {
+                continue;
+            };
+            if now.duration_since(held.last_used) < self.reader_idle {
+                continue;
+            }
+            self.readers
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(&reader);
+            drop(held);
+            if let Err(err) = self.storage.evict_reader(&reader).await {
+                tracing::warn!(reader = %describe(&reader), error = %err, "evicting an idle reader failed");
+                continue;
+            }
+            evicted += 1;
+        }
+        if evicted > 0 {
+            tracing::info!(evicted, idle = ?self.reader_idle, "idle readers evicted");
+        }
+        evicted
+    }
+
+    /// Whether a topic is created because a publish or subscribe named it (`implicit`
+    /// CreateTopic); off, only explicit creations go through.
+    pub fn with_auto_create_topics(mut self, auto_create: bool) -> Self {
+        self.auto_create_topics = auto_create;
+        self
     }
 
     /// Partitions of topics created without a count.
@@ -266,6 +345,7 @@ impl PullerGrpc {
                 .await?;
         }
         let generation = self.generations.fetch_add(1, Ordering::Relaxed) + 1;
+        slot.last_used = tokio::time::Instant::now();
         if slot.generation != 0 && slot.holder != holder {
             tracing::warn!(reader = %describe(reader), from = slot.holder, to = holder, "reader taken over by another dispatcher; the previous holder's pulls are refused from now on");
         }
@@ -314,6 +394,18 @@ impl PullerService for PullerGrpc {
         let request = request.into_inner();
         let topic = parse_topic("topic", &request.topic)?;
         let partition = parse_partition("partition", &request.partition)?;
+        self.storage.check_topic_name(&topic)?;
+        if request.key.len() > grpc::MAX_RECORD_KEY_BYTES {
+            return Err(FieldError::new(
+                "key",
+                format!(
+                    "{} bytes, more than {}",
+                    request.key.len(),
+                    grpc::MAX_RECORD_KEY_BYTES
+                ),
+            )
+            .into());
+        }
         let appended = self
             .storage
             .send(&topic, request.key, request.body, partition)
@@ -387,8 +479,9 @@ impl PullerService for PullerGrpc {
                 appends.borrow_and_update();
             }
             let batch = {
-                let held = slot.lock().await;
+                let mut held = slot.lock().await;
                 held.check(&reader, request.generation)?;
+                held.last_used = tokio::time::Instant::now();
                 self.storage.poll(&reader, &selection, limits).await?
             };
             if !batch.records.is_empty() {
@@ -505,6 +598,21 @@ impl PullerService for PullerGrpc {
     ) -> Result<Response<pb::CreateTopicResponse>, Status> {
         let request = request.into_inner();
         let topic = parse_topic("topic", &request.topic)?;
+        self.storage.check_topic_name(&topic)?;
+        if request.implicit && !self.auto_create_topics {
+            return match self.storage.partition_count(&topic).await {
+                Ok(partitions) => Ok(Response::new(pb::CreateTopicResponse {
+                    created: false,
+                    partitions,
+                })),
+                Err(crate::storage::StorageError::UnknownTopic(_)) => {
+                    Err(Status::not_found(format!(
+                        "topic {topic} does not exist, and puller-svc creates topics only when asked explicitly (auto_create_topics is off): create it first"
+                    )))
+                }
+                Err(err) => Err(err.into()),
+            };
+        }
         let partitions = match request.partitions {
             0 => self.default_partitions,
             n => n,
@@ -620,8 +728,9 @@ impl PullerGrpc {
         limits: PollLimits,
     ) -> Result<PolledBatch, Status> {
         let slot = self.slot(reader);
-        let held = slot.lock().await;
+        let mut held = slot.lock().await;
         held.check(reader, open.generation)?;
+        held.last_used = tokio::time::Instant::now();
         let selection = Selection::of(None, open.positions.clone());
         let batch = self.storage.poll(reader, &selection, limits).await?;
         for range in &batch.ranges {

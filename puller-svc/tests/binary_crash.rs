@@ -131,6 +131,7 @@ async fn kill_minus_nine_loses_no_acknowledged_publish_and_cursors_resume() {
         .create_topic(pb::CreateTopicRequest {
             topic: "crash".into(),
             partitions: 1,
+            implicit: false,
         })
         .await
         .unwrap();

@@ -115,6 +115,7 @@ async fn publish_n(client: &mut PullerServiceClient<Channel>, topic: &str, n: us
         .create_topic(pb::CreateTopicRequest {
             topic: topic.into(),
             partitions: 1,
+            implicit: false,
         })
         .await
         .unwrap();
@@ -341,6 +342,7 @@ async fn positions_report_unpositioned_partitions_retention_losses_and_past_end(
         .create_topic(pb::CreateTopicRequest {
             topic: "ret".into(),
             partitions: 2,
+            implicit: false,
         })
         .await
         .unwrap();

@@ -81,7 +81,175 @@ async fn kafka_backend_against_a_real_broker() {
     unknown_topics_and_lite_are_clear_errors(broker.bootstrap()).await;
     one_partition_at_a_time_drops_nothing(broker.bootstrap()).await;
     publish_and_pull_through_the_grpc_service(broker.bootstrap()).await;
+    fidelity_with_other_producers(broker.bootstrap()).await;
+    a_recreated_topic_is_reported_past_the_end(broker.bootstrap()).await;
     a_frozen_broker_is_unavailable_then_recovers().await;
+}
+
+/// Issue 10, item 10, against the broker: what other producers and consumers of the topic see
+/// and write is kept as it is.
+async fn fidelity_with_other_producers(bootstrap: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let storage = KafkaStorage::new(bootstrap, dir.path(), StartAt::Earliest).unwrap();
+    // A publish to a topic that does not exist fails at once, and nothing of it is written
+    // later (librdkafka used to queue it for minutes and write it once a subscriber created
+    // the topic).
+    let late = Topic::new("em-kafka-never-queued").unwrap();
+    let started = std::time::Instant::now();
+    let err = storage
+        .send(&late, Bytes::new(), event("lost?"), None)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, StorageError::UnknownTopic(_)), "{err}");
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+    storage.create_topic(&late, 1).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(
+        storage.end_offsets(&late).await.unwrap()[0].end,
+        0,
+        "the refused publish never appears"
+    );
+    // Keys land where the Java producer puts them (murmur2, not librdkafka's CRC32).
+    let keyed = Topic::new("em-kafka-keyed").unwrap();
+    storage.create_topic(&keyed, 3).await.unwrap();
+    for (key, java_partition) in [("21", 0), ("kafka", 1), ("a-little-bit-long-string", 2)] {
+        let sent = storage
+            .send(&keyed, Bytes::from(key), event(key), None)
+            .await
+            .unwrap();
+        assert_eq!(
+            sent.partition,
+            PartitionId::number(java_partition),
+            "key {key}"
+        );
+    }
+    // A foreign record: its key, its header bytes, and a stable id reach the dispatcher.
+    let foreign = Topic::new("em-kafka-foreign").unwrap();
+    storage.create_topic(&foreign, 1).await.unwrap();
+    let producer: FutureProducer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .create()
+        .unwrap();
+    producer
+        .send(
+            FutureRecord::<[u8], [u8]>::to(foreign.as_str())
+                .key(&b"k-1"[..])
+                .payload(&b"raw bytes"[..])
+                .headers(
+                    OwnedHeaders::new()
+                        .insert(Header {
+                            key: "sig",
+                            value: Some(&[0xFF_u8, 0x00, 0x80][..]),
+                        })
+                        .insert(Header {
+                            key: "tenant",
+                            value: Some(&b"acme"[..]),
+                        }),
+                ),
+            Duration::from_secs(10),
+        )
+        .await
+        .unwrap();
+    let batch = poll_n(&storage, &reader(None, &foreign), 1).await;
+    let record = &batch.records[0];
+    assert_eq!(&record.key[..], b"k-1");
+    let frame = Frame::decode(&record.ingested.frame, &FrameLimits::STAMPED).unwrap();
+    assert_eq!(frame.binary_attribute("sig").unwrap(), [0xFF, 0x00, 0x80]);
+    assert_eq!(frame.attribute("tenant"), Some("acme"));
+    assert_eq!(frame.attribute("id"), Some("em-kafka-foreign/0/0"));
+    // Dead-letter topics do not expire with the broker's default retention; names Kafka
+    // cannot hold are refused with the rule.
+    let dead = Topic::new("em-kafka-foreign_DLQ").unwrap();
+    storage.create_topic(&dead, 1).await.unwrap();
+    let admin: rdkafka::admin::AdminClient<rdkafka::client::DefaultClientContext> =
+        ClientConfig::new()
+            .set("bootstrap.servers", bootstrap)
+            .create()
+            .unwrap();
+    let configs = admin
+        .describe_configs(
+            [&rdkafka::admin::ResourceSpecifier::Topic(dead.as_str())],
+            &rdkafka::admin::AdminOptions::new(),
+        )
+        .await
+        .unwrap();
+    let config = configs.into_iter().next().unwrap().unwrap();
+    let retention = config
+        .entries
+        .iter()
+        .find(|e| e.name == "retention.ms")
+        .and_then(|e| e.value.clone());
+    assert_eq!(retention.as_deref(), Some("-1"), "{:?}", config.entries);
+    let err = storage
+        .create_topic(&Topic::new("has space").unwrap(), 1)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, StorageError::Invalid(_)), "{err}");
+    assert!(err.to_string().contains("[A-Za-z0-9._-]"), "{err}");
+}
+
+/// A topic deleted and created again under the same name restarts its offsets at 0, below the
+/// reader's position: the puller reports the position past the end (it never moves it), so
+/// the dispatcher can rewind the group instead of dropping the new events as settled. tansu
+/// answers such a fetch with no records and no error; the high watermark of its answers
+/// tells. (The topic is recreated while no client of this puller knows it: librdkafka 2.12
+/// crashes on tansu 0.6's metadata answer for a deleted topic it had cached.)
+async fn a_recreated_topic_is_reported_past_the_end(bootstrap: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let topic = Topic::new("em-kafka-recreated").unwrap();
+    let group = reader(Some("g"), &topic);
+    {
+        let storage = KafkaStorage::new(bootstrap, dir.path(), StartAt::Earliest).unwrap();
+        storage.create_topic(&topic, 1).await.unwrap();
+        for i in 0..6 {
+            storage
+                .send(&topic, Bytes::new(), event(&format!("old{i}")), None)
+                .await
+                .unwrap();
+        }
+        assert_eq!(poll_n(&storage, &group, 6).await.records.len(), 6);
+        storage.checkpoint().await.unwrap();
+    }
+    {
+        let admin: rdkafka::admin::AdminClient<rdkafka::client::DefaultClientContext> =
+            ClientConfig::new()
+                .set("bootstrap.servers", bootstrap)
+                .create()
+                .unwrap();
+        admin
+            .delete_topics(&[topic.as_str()], &rdkafka::admin::AdminOptions::new())
+            .await
+            .unwrap();
+    }
+    let storage = KafkaStorage::new(bootstrap, dir.path(), StartAt::Earliest).unwrap();
+    storage.create_topic(&topic, 1).await.unwrap();
+    for i in 0..2 {
+        storage
+            .send(&topic, Bytes::new(), event(&format!("new{i}")), None)
+            .await
+            .unwrap();
+    }
+    let positioned = Selection::Positioned([(PartitionId::number(0), 6)].into());
+    let mut reported = None;
+    for _ in 0..100 {
+        let batch = storage.poll(&group, &positioned, limits(10)).await.unwrap();
+        assert!(batch.records.is_empty(), "nothing is read past the end");
+        if let Some(past) = batch.past_end.into_iter().next() {
+            reported = Some(past);
+            break;
+        }
+    }
+    let past = reported.expect("the position past the end is reported");
+    assert_eq!((past.position, past.log_end), (6, 2), "{past:?}");
+    assert_eq!(
+        storage.cursors(&group).await.unwrap(),
+        [(PartitionId::number(0), 6)],
+        "reported, not moved"
+    );
 }
 
 async fn stamps_foreign_bodies_and_checkpoints(bootstrap: &str) {
@@ -352,6 +520,7 @@ async fn publish_and_pull_through_the_grpc_service(bootstrap: &str) {
         .create_topic(pb::CreateTopicRequest {
             topic: "em-kafka-grpc".into(),
             partitions: 2,
+            implicit: false,
         })
         .await
         .unwrap()

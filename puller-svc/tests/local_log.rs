@@ -474,3 +474,66 @@ mod topics {
         assert!(matches!(err, TopicError::BadMetadata { .. }), "{err}");
     }
 }
+
+/// A dead-letter topic is the one copy left of what it holds: the topic-wide size and age
+/// limits do not apply to it (it has its own age limit, none by default).
+#[test]
+fn dead_letter_topics_keep_what_other_topics_drop() {
+    use eventmesh_common::keys::Topic;
+    use puller_svc::local_log::LocalLog;
+    let dir = tempfile::tempdir().unwrap();
+    let settings = LogSettings {
+        segment_bytes: 200,
+        retention_bytes: Some(400),
+        ..settings()
+    };
+    let log = LocalLog::open(dir.path(), settings).unwrap();
+    let (orders, dead) = (
+        Topic::new("orders").unwrap(),
+        Topic::new("orders_DLQ").unwrap(),
+    );
+    for topic in [&orders, &dead] {
+        log.create_topic(topic, 1).unwrap();
+        for i in 0..100 {
+            log.append(topic, b"", &body(i), None, i).unwrap();
+        }
+    }
+    assert!(
+        log.ranges(&orders).unwrap()[0].start > 0,
+        "retention applies"
+    );
+    assert_eq!(log.ranges(&dead).unwrap()[0].start, 0, "dead letters kept");
+    drop(log);
+    // Reopened with an age limit for dead letters, old ones go.
+    let log = LocalLog::open_with(dir.path(), settings, Some(1)).unwrap();
+    log.append(&dead, b"", &body(100), None, 100_000).unwrap();
+    for i in 101..200 {
+        log.append(&dead, b"", &body(i), None, 100_000 + i).unwrap();
+    }
+    assert!(
+        log.ranges(&dead).unwrap()[0].start > 0,
+        "configured age limit applies"
+    );
+}
+
+/// A topic whose on-disk name (bytes outside [A-Za-z0-9_-] take three) exceeds a file name is
+/// refused with the rule before anything is created.
+#[test]
+fn topic_names_that_cannot_be_file_names_are_refused() {
+    use eventmesh_common::keys::Topic;
+    use puller_svc::local_log::{LocalLog, TopicError};
+    let dir = tempfile::tempdir().unwrap();
+    let log = LocalLog::open(dir.path(), settings()).unwrap();
+    let spaces = Topic::new(" ".repeat(100)).unwrap();
+    let err = log.create_topic(&spaces, 1).unwrap_err();
+    assert!(
+        matches!(err, TopicError::NameTooLong { encoded: 300, .. }),
+        "{err}"
+    );
+    assert!(err.to_string().contains("255"), "{err}");
+    assert!(log.topics().is_empty());
+    assert!(
+        log.create_topic(&Topic::new("x".repeat(245)).unwrap(), 1)
+            .unwrap()
+    );
+}

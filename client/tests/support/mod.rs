@@ -61,7 +61,8 @@ pub fn event_id(n: u64) -> String {
 /// confirmed id goes into the ledger.
 pub fn spawn_publisher(client: Client, count: u64, ledger: Arc<Ledger>) -> JoinHandle<()> {
     tokio::spawn(async move {
-        let payload = bytes::Bytes::from(vec![b'e'; 256]);
+        // A mix of sizes up to the largest event (the loss oracle covers big pulls too).
+        let max = bytes::Bytes::from(vec![b'e'; eventmesh_client::MAX_EVENT_DATA_BYTES]);
         let mut publishes = futures::stream::iter(0..count)
             .map(|n| {
                 let client = client.clone();
@@ -69,7 +70,7 @@ pub fn spawn_publisher(client: Client, count: u64, ledger: Arc<Ledger>) -> JoinH
                     id: event_id(n),
                     source: "/e2e".into(),
                     r#type: "e2e.order".into(),
-                    data: payload.clone(),
+                    data: max.slice(..eventmesh_client::mixed_event_size(n, 256)),
                     ..Event::default()
                 };
                 async move { (n, client.publish(TOPIC, event).await) }

@@ -107,15 +107,7 @@ impl Group {
                     Err(err) => (None, Some(format!("frame does not decode: {err}"))),
                 },
             };
-            let delivery = Delivery::new(
-                id.to_string(),
-                partition,
-                record.offset,
-                event,
-                record.frame,
-                record.ack_key,
-                cost,
-            );
+            let delivery = Delivery::new(id.to_string(), partition, event, record, cost);
             self.deliveries.insert(seq, delivery);
             match problem {
                 Some(reason) => self.dead_letter(seq, reason),
@@ -147,7 +139,7 @@ impl Group {
         metrics::counter!(
             "dispatcher_retention_lost_offsets_total",
             "topic" => self.key.topic.to_string(),
-            "group" => self.group_label()
+            "group" => eventmesh_common::metrics::group_label(&self.group_label())
         )
         .increment(lost.unsigned_abs());
         self.partition(partition, first)

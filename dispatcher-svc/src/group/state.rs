@@ -6,6 +6,7 @@ use bytes::Bytes;
 use eventmesh_common::dead_letter::DeadLetter;
 use eventmesh_common::keys::{ClientId, PartitionId, Topic};
 use eventmesh_proto::client as pb;
+use eventmesh_proto::puller::PulledRecord;
 
 use crate::budget::Charge;
 use crate::registry::GroupKey;
@@ -62,6 +63,8 @@ pub struct Delivery {
     pub body: Bytes,
     /// The broker ACK key, empty when none is needed.
     pub ack_key: String,
+    /// The record's ordering key in the MQ.
+    pub key: Bytes,
     /// The current (or next) attempt, from 1.
     pub attempt: u32,
     /// Where it is.
@@ -79,23 +82,22 @@ pub struct Delivery {
 }
 
 impl Delivery {
-    /// A new, ready delivery.
+    /// A new, ready delivery of a pulled record.
     pub fn new(
         id: String,
         partition: PartitionId,
-        offset: i64,
         event: Option<pb::Event>,
-        body: Bytes,
-        ack_key: String,
+        record: PulledRecord,
         charge: Charge,
     ) -> Self {
         Delivery {
             id,
             partition,
-            offset,
+            offset: record.offset,
             event,
-            body,
-            ack_key,
+            body: record.frame,
+            ack_key: record.ack_key,
+            key: record.key,
             attempt: 1,
             state: DeliveryState::Ready,
             clients: Vec::new(),
@@ -116,6 +118,7 @@ impl Delivery {
             offset: self.offset,
             event: self.event.clone(),
             ack_deadline_unix_ms: 0,
+            key: self.key.clone(),
         }
     }
 

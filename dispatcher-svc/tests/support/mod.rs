@@ -81,10 +81,24 @@ pub async fn start_puller_over(
     offset_addr: SocketAddr,
     default_partitions: u32,
 ) -> puller_svc::server::RunningServer {
+    start_puller_configured(storage, offset_addr, |grpc| {
+        grpc.with_default_partitions(default_partitions)
+    })
+    .await
+    .0
+}
+
+/// puller-svc with its service configured by `configure`; also returns the service (shared
+/// state: for inspecting its readers).
+pub async fn start_puller_configured(
+    storage: Arc<dyn Storage>,
+    offset_addr: SocketAddr,
+    configure: impl FnOnce(PullerGrpc) -> PullerGrpc,
+) -> (puller_svc::server::RunningServer, PullerGrpc) {
     let watermarks = WatermarkSource::new(lazy(offset_addr));
-    let grpc = PullerGrpc::new(Arc::clone(&storage), watermarks)
-        .with_default_partitions(default_partitions);
-    puller_svc::server::start(
+    let grpc = configure(PullerGrpc::new(Arc::clone(&storage), watermarks));
+    let inspect = grpc.clone();
+    let server = puller_svc::server::start(
         "127.0.0.1:0".parse().unwrap(),
         storage,
         grpc,
@@ -92,7 +106,29 @@ pub async fn start_puller_over(
         Duration::from_secs(2),
     )
     .await
-    .unwrap()
+    .unwrap();
+    (server, inspect)
+}
+
+/// Stored offsets of `client_id` (a client id or `__mqcursor…__`) per partition, read from
+/// the offset-svc at `offsets`.
+pub async fn stored_offsets(
+    offsets: SocketAddr,
+    topic: &str,
+    client_id: &str,
+) -> HashMap<String, i64> {
+    OffsetServiceClient::new(lazy(offsets))
+        .read_topic_offsets(ReadTopicOffsetsRequest {
+            topic: topic.into(),
+            client_id: client_id.into(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .entries
+        .into_iter()
+        .map(|e| (e.key.unwrap().partition, e.offset))
+        .collect()
 }
 
 /// A lazily connecting channel.
@@ -184,6 +220,7 @@ impl Instance {
             .create_topic(eventmesh_proto::puller::CreateTopicRequest {
                 topic: topic.into(),
                 partitions,
+                implicit: false,
             })
             .await
             .unwrap();
@@ -191,18 +228,7 @@ impl Instance {
 
     /// Stored offsets of `client_id` (a client id or `__mqcursor…__`) per partition.
     pub async fn stored(&self, topic: &str, client_id: &str) -> HashMap<String, i64> {
-        self.offsets_client()
-            .read_topic_offsets(ReadTopicOffsetsRequest {
-                topic: topic.into(),
-                client_id: client_id.into(),
-            })
-            .await
-            .unwrap()
-            .into_inner()
-            .entries
-            .into_iter()
-            .map(|e| (e.key.unwrap().partition, e.offset))
-            .collect()
+        stored_offsets(self.offset_addr, topic, client_id).await
     }
 
     /// Stops the dispatcher (gracefully) and starts a new one with the same settings.

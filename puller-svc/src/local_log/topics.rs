@@ -55,9 +55,19 @@ pub enum TopicError {
     },
     /// A lite channel name is invalid.
     #[error(
-        "invalid lite channel name {0:?}: must be non-empty without '#', '@' or control characters"
+        "invalid lite channel name {0:?}: must be non-empty without '#', '@' or control characters, and fit a file name once encoded"
     )]
     BadLiteName(String),
+    /// A topic name whose on-disk form does not fit a file name.
+    #[error(
+        "topic name {name:?} takes {encoded} bytes on disk once encoded (bytes outside [A-Za-z0-9_-] take three), more than the local backend's limit of {MAX_NAME_COMPONENT}: use a shorter name or fewer other characters"
+    )]
+    NameTooLong {
+        /// The name (the topic's or its dead-letter topic's).
+        name: String,
+        /// Its encoded length.
+        encoded: usize,
+    },
     /// The partition log failed.
     #[error(transparent)]
     Log(#[from] LogError),
@@ -124,8 +134,14 @@ pub struct PartitionRange {
 pub struct LocalLog {
     root: PathBuf,
     settings: LogSettings,
+    /// Age limit of dead-letter topics (`<topic>_DLQ`); `None` keeps them, whatever the
+    /// settings of other topics say: a dead letter is the one copy left of an event.
+    dead_letter_retention_ms: Option<i64>,
     topics: RwLock<HashMap<Topic, Arc<TopicLog>>>,
 }
+
+/// Longest file-name component the local log writes (ext4, XFS, btrfs: 255 bytes).
+pub const MAX_NAME_COMPONENT: usize = 255;
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     // A panic while holding a partition lock cannot leave a half-written record in memory
@@ -137,8 +153,17 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 impl LocalLog {
     /// Opens every topic under `root` (creating the directory if missing), recovering each
-    /// partition.
+    /// partition. Dead-letter topics are kept forever.
     pub fn open(root: impl Into<PathBuf>, settings: LogSettings) -> Result<Self, TopicError> {
+        LocalLog::open_with(root, settings, None)
+    }
+
+    /// As [`LocalLog::open`], with an age limit for dead-letter topics (`None`: keep them).
+    pub fn open_with(
+        root: impl Into<PathBuf>,
+        settings: LogSettings,
+        dead_letter_retention_ms: Option<i64>,
+    ) -> Result<Self, TopicError> {
         let root = root.into();
         fs::create_dir_all(&root).map_err(|source| LogError::Io {
             path: root.clone(),
@@ -165,13 +190,31 @@ impl LocalLog {
                 continue;
             }
             let count = read_partition_count(&dir)?;
+            let settings = settings_for(&topic, settings, dead_letter_retention_ms);
             topics.insert(topic, Arc::new(open_topic(&dir, count, settings)?));
         }
         Ok(LocalLog {
             root,
             settings,
+            dead_letter_retention_ms,
             topics: RwLock::new(topics),
         })
+    }
+
+    /// Refuses a topic name whose on-disk form (every byte outside `[A-Za-z0-9_-]` takes
+    /// three) would not fit a file name, for the topic and for its dead-letter topic.
+    pub fn check_name(topic: &Topic) -> Result<(), TopicError> {
+        let dead_letters = eventmesh_common::dead_letter::dlq_topic(topic.as_str());
+        for name in [topic.as_str(), dead_letters.as_str()] {
+            let encoded = encode_name(name).len();
+            if encoded > MAX_NAME_COMPONENT {
+                return Err(TopicError::NameTooLong {
+                    name: name.to_owned(),
+                    encoded,
+                });
+            }
+        }
+        Ok(())
     }
 
     fn topic(&self, topic: &Topic) -> Result<Arc<TopicLog>, TopicError> {
@@ -189,12 +232,14 @@ impl LocalLog {
         if partitions == 0 {
             return Err(TopicError::NoPartitions);
         }
+        LocalLog::check_name(topic)?;
         let mut topics = self.topics.write().unwrap_or_else(|p| p.into_inner());
         if topics.contains_key(topic) {
             return Ok(false);
         }
         let dir = self.root.join(encode_name(topic.as_str()));
-        let log = open_topic(&dir, partitions, self.settings)?;
+        let settings = settings_for(topic, self.settings, self.dead_letter_retention_ms);
+        let log = open_topic(&dir, partitions, settings)?;
         // Metadata last: a crash before this leaves a directory that open() ignores.
         write_metadata(&dir, partitions)?;
         topics.insert(topic.clone(), Arc::new(log));
@@ -291,7 +336,9 @@ impl LocalLog {
         let queue = crc32c::crc32c(lite.as_bytes()) % log.partitions.len() as u32;
         let id =
             PartitionId::lite(lite, queue).map_err(|_| TopicError::BadLiteName(lite.to_owned()))?;
-        if matches!(id.kind(), PartitionKind::Lite { lite: name, .. } if name != lite) {
+        if matches!(id.kind(), PartitionKind::Lite { lite: name, .. } if name != lite)
+            || encode_name(id.as_str()).len() > MAX_NAME_COMPONENT
+        {
             return Err(TopicError::BadLiteName(lite.to_owned()));
         }
         let mut lites = lock(&log.lites);
@@ -345,6 +392,24 @@ fn numbered(topic: &Topic, partition: &PartitionId, count: usize) -> Result<usiz
             topic: topic.to_string(),
             partition: partition.to_string(),
         }),
+    }
+}
+
+/// The partition settings of `topic`: a dead-letter topic has no size limit and its own age
+/// limit (none by default).
+fn settings_for(
+    topic: &Topic,
+    settings: LogSettings,
+    dead_letter_retention_ms: Option<i64>,
+) -> LogSettings {
+    if eventmesh_common::dead_letter::is_dlq_topic(topic.as_str()) {
+        LogSettings {
+            retention_bytes: None,
+            retention_ms: dead_letter_retention_ms,
+            ..settings
+        }
+    } else {
+        settings
     }
 }
 

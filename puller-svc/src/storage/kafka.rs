@@ -42,7 +42,7 @@ use super::{
     ReaderKey, Selection, Storage, StorageError,
 };
 use crate::cursors::{CursorBook, Resolution, StartAt};
-use crate::ingest::{Origin, ingest, malformed};
+use crate::ingest::{Header, Origin, ingest, malformed};
 
 /// The backend name used in checkpoint files.
 pub const BACKEND: &str = "kafka";
@@ -50,6 +50,8 @@ pub const BACKEND: &str = "kafka";
 const CALL_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long one poll waits for records from the broker.
 const FETCH_WAIT: Duration = Duration::from_millis(100);
+/// How long librdkafka tries to deliver a produced record before failing it.
+const MESSAGE_TIMEOUT: Duration = Duration::from_secs(10);
 
 fn unavailable(what: &str, err: KafkaError) -> StorageError {
     StorageError::Unavailable(format!("kafka {what}: {err}"))
@@ -59,6 +61,37 @@ struct ReaderConsumer {
     consumer: BaseConsumer,
     /// The next offset this consumer will hand us per partition (as assigned or advanced).
     positions: BTreeMap<i32, i64>,
+    /// Partitions whose position was above the high watermark of the last fetch answer, and
+    /// in how many polls in a row.
+    above_end: BTreeMap<i32, u32>,
+}
+
+/// Polls in a row a position must stay above the fetched high watermark before it is reported
+/// past the end (one stale answer is not enough).
+const PAST_END_POLLS: u32 = 2;
+
+/// The low and high watermarks of the last fetch answer for a partition, as librdkafka cached
+/// them (no broker call); `None` before the first answer. Brokers answer a fetch past the end
+/// with OFFSET_OUT_OF_RANGE, which the error path handles; some (tansu 0.6) answer with no
+/// records and no error, so a position above the high watermark is noticed here.
+#[allow(unsafe_code)]
+fn cached_watermarks(consumer: &BaseConsumer, topic: &str, partition: i32) -> Option<(i64, i64)> {
+    let topic = std::ffi::CString::new(topic).ok()?;
+    let (mut low, mut high) = (-1i64, -1i64);
+    // SAFETY: the client pointer is live as long as `consumer` is borrowed; `topic` is a valid
+    // NUL-terminated string for the call; `low` and `high` are valid for writes. librdkafka
+    // only reads its own cached state under its own locks.
+    let err = unsafe {
+        rdkafka_sys::rd_kafka_get_watermark_offsets(
+            consumer.client().native_ptr(),
+            topic.as_ptr(),
+            partition,
+            &mut low,
+            &mut high,
+        )
+    };
+    (err == rdkafka_sys::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR && high >= 0)
+        .then_some((low.max(0), high))
 }
 
 struct Inner {
@@ -72,12 +105,18 @@ struct Inner {
     cursors: Arc<CursorBook>,
     /// One consumer per reader, each behind its own lock: readers never wait for each other.
     consumers: Mutex<HashMap<ReaderKey, Arc<Mutex<ReaderConsumer>>>>,
+    /// Topics the producer has seen in the broker's metadata: a publish to any other topic
+    /// asks the broker first, so nothing waits in librdkafka's queue for a topic that does
+    /// not exist (and appears after the publish was answered as failed).
+    known_topics: Mutex<std::collections::HashSet<Topic>>,
 }
 
 /// The Kafka backend.
 #[derive(Clone)]
 pub struct KafkaStorage {
     inner: Arc<Inner>,
+    /// `retention.ms` of dead-letter topics this backend creates (`None`: -1, keep forever).
+    dead_letter_retention_ms: Option<i64>,
 }
 
 fn consumer_config(bootstrap: &str, group: &str) -> ClientConfig {
@@ -109,6 +148,15 @@ impl KafkaStorage {
             .set("bootstrap.servers", bootstrap)
             .set("acks", "all")
             .set("enable.idempotence", "false")
+            // The Java producer's key hash: a key lands on the same partition whoever
+            // publishes it (librdkafka's default is CRC32).
+            .set("partitioner", "murmur2_random")
+            // A publish answered as failed is given up by librdkafka within this bound, not
+            // delivered minutes later (the SDK's retry carries the same event id anyway).
+            .set(
+                "message.timeout.ms",
+                MESSAGE_TIMEOUT.as_millis().to_string(),
+            )
             .create()
             .map_err(|err| unavailable("producer", err))?;
         let admin = ClientConfig::new()
@@ -130,8 +178,16 @@ impl KafkaStorage {
                 limits: FrameLimits::DEFAULT,
                 cursors: Arc::new(CursorBook::new(&data_dir, BACKEND)),
                 consumers: Mutex::new(HashMap::new()),
+                known_topics: Mutex::default(),
             }),
+            dead_letter_retention_ms: None,
         })
+    }
+
+    /// Dead-letter topics this backend creates keep records this long (default: forever).
+    pub fn with_dead_letter_retention(mut self, retention_ms: Option<i64>) -> Self {
+        self.dead_letter_retention_ms = retention_ms;
+        self
     }
 
     /// The throwaway `group.id` prefix of this instance's consumers (never joined).
@@ -252,6 +308,7 @@ impl Inner {
         Ok(ReaderConsumer {
             consumer,
             positions: BTreeMap::new(),
+            above_end: BTreeMap::new(),
         })
     }
 
@@ -330,7 +387,13 @@ impl Inner {
         let mut resolved = false;
         let by_partition = loop {
             match self.fetch(reader, &targets, limits) {
-                Ok(records) => break records,
+                Ok(fetched) => {
+                    targets.retain(|p| !fetched.past_end.iter().any(|e| e.0 == *p));
+                    batch
+                        .past_end
+                        .extend(fetched.past_end.into_iter().map(|(_, past_end)| past_end));
+                    break fetched.records;
+                }
                 Err(Fetch::OutOfRange) if !resolved => {
                     resolved = true;
                     let outcome = self.reresolve(reader, &targets)?;
@@ -391,7 +454,7 @@ impl Inner {
         reader: &ReaderKey,
         targets: &[i32],
         limits: PollLimits,
-    ) -> Result<BTreeMap<i32, Vec<PolledRecord>>, Fetch> {
+    ) -> Result<Fetched, Fetch> {
         let mut wanted: BTreeMap<i32, i64> = BTreeMap::new();
         for &p in targets {
             let key = PullKey::new(reader.topic.clone(), PartitionId::number(p as u32));
@@ -412,7 +475,8 @@ impl Inner {
             slot.consumer
                 .assign(&assignment)
                 .map_err(|err| Fetch::Failed(unavailable("assign", err)))?;
-            slot.positions = wanted;
+            slot.positions = wanted.clone();
+            slot.above_end.clear();
         }
         let mut by_partition: BTreeMap<i32, Vec<PolledRecord>> = BTreeMap::new();
         let (mut count, mut bytes) = (0usize, 0usize);
@@ -445,7 +509,8 @@ impl Inner {
             }
             let partition_id = PartitionId::number(p as u32);
             let body = Bytes::copy_from_slice(message.payload().unwrap_or_default());
-            let headers: Vec<(String, String)> = message
+            // Header values are bytes: kept exactly (see `ingest`).
+            let headers: Vec<Header> = message
                 .headers()
                 .map(|headers| {
                     headers
@@ -453,13 +518,14 @@ impl Inner {
                         .map(|h| {
                             (
                                 h.key.to_owned(),
-                                String::from_utf8_lossy(h.value.unwrap_or_default()).into_owned(),
+                                Bytes::copy_from_slice(h.value.unwrap_or_default()),
                             )
                         })
                         .collect()
                 })
                 .unwrap_or_default();
             let origin = Origin {
+                topic: &reader.topic,
                 partition: &partition_id,
                 offset: message.offset(),
                 pop_ck: None,
@@ -489,7 +555,38 @@ impl Inner {
                 ingested,
             });
         }
-        Ok(by_partition)
+        let mut past_end = Vec::new();
+        for (&p, &position) in &wanted {
+            if by_partition.contains_key(&p) {
+                slot.above_end.remove(&p);
+                continue;
+            }
+            match cached_watermarks(&slot.consumer, reader.topic.as_str(), p) {
+                Some((low, high)) if position > high => {
+                    let polls = slot.above_end.entry(p).or_insert(0);
+                    *polls += 1;
+                    if *polls >= PAST_END_POLLS {
+                        slot.above_end.remove(&p);
+                        past_end.push((
+                            p,
+                            PastEnd {
+                                partition: PartitionId::number(p as u32),
+                                position,
+                                log_start: low,
+                                log_end: high,
+                            },
+                        ));
+                    }
+                }
+                _ => {
+                    slot.above_end.remove(&p);
+                }
+            }
+        }
+        Ok(Fetched {
+            records: by_partition,
+            past_end,
+        })
     }
 
     /// After an out-of-range fetch: a cursor below its log start moves there (the offsets in
@@ -518,6 +615,13 @@ impl Inner {
         }
         Ok(refit)
     }
+}
+
+/// What a fetch found.
+struct Fetched {
+    records: BTreeMap<i32, Vec<PolledRecord>>,
+    /// Partitions whose position stayed above the high watermark the broker answered with.
+    past_end: Vec<(i32, PastEnd)>,
 }
 
 /// Why a fetch stopped without records.
@@ -551,10 +655,32 @@ impl Storage for KafkaStorage {
         Arc::clone(&self.inner.cursors)
     }
 
+    fn check_topic_name(&self, topic: &Topic) -> Result<(), StorageError> {
+        let name = topic.as_str();
+        let legal = |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-');
+        if name == "." || name == ".." || !name.chars().all(legal) {
+            return Err(StorageError::Invalid(format!(
+                "topic name {name:?} is not a Kafka topic name: use [A-Za-z0-9._-], not '.' or '..'"
+            )));
+        }
+        Ok(())
+    }
+
     async fn create_topic(&self, topic: &Topic, partitions: u32) -> Result<bool, StorageError> {
+        self.check_topic_name(topic)?;
         let count = i32::try_from(partitions)
             .map_err(|_| StorageError::Invalid("too many partitions".into()))?;
-        let new_topic = NewTopic::new(topic.as_str(), count, TopicReplication::Fixed(1));
+        let retention = self
+            .dead_letter_retention_ms
+            .map_or_else(|| "-1".to_owned(), |ms| ms.to_string());
+        let mut new_topic = NewTopic::new(topic.as_str(), count, TopicReplication::Fixed(1));
+        if eventmesh_common::dead_letter::is_dlq_topic(topic.as_str()) {
+            // A dead letter is the one copy left of an event: the broker's default retention
+            // (often 7 days) must not delete it unless configured to.
+            new_topic = new_topic
+                .set("retention.ms", &retention)
+                .set("retention.bytes", "-1");
+        }
         let results = self
             .inner
             .admin
@@ -589,12 +715,38 @@ impl Storage for KafkaStorage {
         body: Bytes,
         partition: Option<PartitionId>,
     ) -> Result<Appended, StorageError> {
+        self.check_topic_name(topic)?;
         let partition = partition.map(|p| partition_number(topic, &p)).transpose()?;
+        let known = self
+            .inner
+            .known_topics
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains(topic);
+        if !known {
+            if !self.producer_sees_topic(topic).await {
+                return Err(StorageError::UnknownTopic(topic.to_string()));
+            }
+            self.inner
+                .known_topics
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(topic.clone());
+        }
         match self.produce(topic, &key, &body, partition).await {
             Err(StorageError::UnknownTopic(_)) if self.producer_sees_topic(topic).await => {
                 // librdkafka cached "unknown" before the topic was created; its cache is
                 // refreshed now, so one more try goes through.
                 self.produce(topic, &key, &body, partition).await
+            }
+            Err(StorageError::UnknownTopic(name)) => {
+                // Deleted since: ask the broker again next time.
+                self.inner
+                    .known_topics
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .remove(topic);
+                Err(StorageError::UnknownTopic(name))
             }
             other => other,
         }
@@ -619,6 +771,31 @@ impl Storage for KafkaStorage {
                 .collect()
         })
         .await
+    }
+
+    async fn evict_reader(&self, reader: &ReaderKey) -> Result<(), StorageError> {
+        let reader = reader.clone();
+        self.blocking(move |inner| {
+            let consumer = inner
+                .consumers
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(&reader);
+            // The consumer's threads end when it is dropped, off the async workers.
+            drop(consumer);
+            inner.cursors.evict(&reader.group, &reader.topic);
+            Ok(())
+        })
+        .await
+    }
+
+    /// Readers with a consumer (for tests and operators).
+    fn reader_count(&self) -> usize {
+        self.inner
+            .consumers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .len()
     }
 
     async fn create_lite(&self, _parent: &Topic, _lite: &str) -> Result<PartitionId, StorageError> {

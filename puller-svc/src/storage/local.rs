@@ -37,9 +37,9 @@ impl From<TopicError> for StorageError {
             TopicError::UnknownPartition { topic, partition } => {
                 StorageError::UnknownPartition { topic, partition }
             }
-            TopicError::NoPartitions | TopicError::BadLiteName(_) => {
-                StorageError::Invalid(err.to_string())
-            }
+            TopicError::NoPartitions
+            | TopicError::BadLiteName(_)
+            | TopicError::NameTooLong { .. } => StorageError::Invalid(err.to_string()),
             TopicError::Log(LogError::TooLarge { .. }) => StorageError::Invalid(err.to_string()),
             TopicError::Log(LogError::Io { .. } | LogError::OffsetOutOfRange { .. }) => {
                 StorageError::Unavailable(err.to_string())
@@ -77,14 +77,29 @@ pub struct LocalStorage {
 }
 
 impl LocalStorage {
-    /// Opens the log under `data_dir/local-log`; checkpoints live in `data_dir`.
+    /// Opens the log under `data_dir/local-log`; checkpoints live in `data_dir`. Dead-letter
+    /// topics are kept forever.
     pub fn open(
         data_dir: impl Into<PathBuf>,
         settings: LogSettings,
         start_at: StartAt,
     ) -> Result<Self, StorageError> {
+        LocalStorage::open_with(data_dir, settings, None, start_at)
+    }
+
+    /// As [`LocalStorage::open`], with an age limit for dead-letter topics (`None`: keep).
+    pub fn open_with(
+        data_dir: impl Into<PathBuf>,
+        settings: LogSettings,
+        dead_letter_retention_ms: Option<i64>,
+        start_at: StartAt,
+    ) -> Result<Self, StorageError> {
         let data_dir = data_dir.into();
-        let log = LocalLog::open(data_dir.join("local-log"), settings)?;
+        let log = LocalLog::open_with(
+            data_dir.join("local-log"),
+            settings,
+            dead_letter_retention_ms,
+        )?;
         Ok(LocalStorage {
             inner: Arc::new(Inner {
                 log,
@@ -186,6 +201,7 @@ impl Inner {
                 }
                 for record in &plan.records {
                     let origin = Origin {
+                        topic: &reader.topic,
                         partition: &plan.range.partition,
                         offset: record.offset,
                         pop_ck: None,
@@ -316,6 +332,10 @@ impl PartitionRead {
 impl Storage for LocalStorage {
     fn backend(&self) -> &'static str {
         BACKEND
+    }
+
+    fn check_topic_name(&self, topic: &Topic) -> Result<(), StorageError> {
+        Ok(LocalLog::check_name(topic)?)
     }
 
     fn cursor_book(&self) -> Arc<CursorBook> {

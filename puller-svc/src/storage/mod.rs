@@ -227,6 +227,13 @@ pub trait Storage: Send + Sync + 'static {
     /// The backend's name, as used in checkpoint file names (`local`, `kafka`, ...).
     fn backend(&self) -> &'static str;
 
+    /// Refuses a topic name this backend cannot hold (for the topic or its dead-letter topic),
+    /// with the rule: checked before any create or append, so a client never retries a name
+    /// that can never work.
+    fn check_topic_name(&self, _topic: &Topic) -> Result<(), StorageError> {
+        Ok(())
+    }
+
     /// Creates a topic; `Ok(false)` when it existed.
     async fn create_topic(&self, topic: &Topic, partitions: u32) -> Result<bool, StorageError>;
 
@@ -314,6 +321,23 @@ pub trait Storage: Send + Sync + 'static {
             Ok(book.list(&reader.group, &reader.topic))
         })
         .await
+    }
+
+    /// Forgets an idle reader: what the backend keeps for it (a Kafka consumer and its
+    /// threads) and its cursors (and their checkpoint file when its group has no other).
+    async fn evict_reader(&self, reader: &ReaderKey) -> Result<(), StorageError> {
+        let reader = reader.clone();
+        on_blocking(self.cursor_book(), move |book| {
+            book.evict(&reader.group, &reader.topic);
+            Ok(())
+        })
+        .await
+    }
+
+    /// How many readers hold backend resources of their own (a Kafka consumer each); 0 where
+    /// readers hold none.
+    fn reader_count(&self) -> usize {
+        0
     }
 
     /// Persists every reader's positions (called every few seconds and at shutdown).

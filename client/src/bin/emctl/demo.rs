@@ -50,9 +50,13 @@ pub struct DemoArgs {
     /// How many events to publish.
     #[arg(long, default_value_t = 20_000)]
     events: u64,
-    /// Payload bytes per event.
+    /// Payload bytes of a typical event (every 10th event carries 4 KiB, every 100th 64 KiB
+    /// and every 5,000th the 8 MiB maximum, unless --uniform).
     #[arg(long, default_value_t = 256)]
     size: usize,
+    /// Every event carries --size bytes.
+    #[arg(long)]
+    uniform: bool,
     /// Which service to SIGKILL part-way.
     #[arg(long, value_enum, default_value_t = Victim::Dispatcher)]
     kill: Victim,
@@ -164,6 +168,7 @@ async fn drive(args: &DemoArgs, instance: &mut LocalInstance) -> anyhow::Result<
         client.clone(),
         args.events,
         args.size,
+        args.uniform,
         Arc::clone(&published),
         published_bar.clone(),
     ));
@@ -291,17 +296,28 @@ async fn publish_all(
     client: Client,
     count: u64,
     size: usize,
+    uniform: bool,
     published: Arc<AtomicU64>,
     bar: indicatif::ProgressBar,
 ) -> anyhow::Result<(u64, u64)> {
-    let payload = bytes::Bytes::from(vec![b'x'; size]);
+    let largest = if uniform {
+        size
+    } else {
+        size.max(eventmesh_client::MAX_EVENT_DATA_BYTES)
+    };
+    let payload = bytes::Bytes::from(vec![b'x'; largest]);
     let mut publishes = futures::stream::iter(0..count)
         .map(|n| {
+            let bytes = if uniform {
+                size
+            } else {
+                eventmesh_client::mixed_event_size(n, size)
+            };
             let event = Event {
                 id: event_id(n),
                 source: "/emctl/demo".into(),
                 r#type: "demo.order".into(),
-                data: payload.clone(),
+                data: payload.slice(..bytes),
                 ..Event::default()
             };
             let client = client.clone();

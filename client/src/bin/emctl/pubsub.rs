@@ -40,7 +40,7 @@ pub struct PublishArgs {
     /// Ordering key (same key, same partition, in order).
     #[arg(long, default_value = "")]
     key: String,
-    /// The payload; `<n>` (or `{n}`) is replaced by the event's number.
+    /// The payload; `<n>` is replaced by the event's number (the older brace form too).
     #[arg(long, default_value = "event <n>")]
     data: String,
     /// How many events.
