@@ -332,13 +332,18 @@ impl LocalInstance {
         Ok(())
     }
 
-    /// Sends SIGSTOP (freeze) or SIGCONT (thaw) to a service.
+    /// Sends SIGSTOP (freeze) or SIGCONT (thaw) to a service. A STOP returns once every thread
+    /// of the process is stopped (it blocks the calling thread for as long, at most 10 s).
     pub fn signal(&self, service: Service, signal: &str) -> Result<(), LocalError> {
         let pid = self.pid(service).ok_or_else(|| LocalError::Process {
             service,
             message: "not running".into(),
         })?;
-        send_signal(pid, signal).map_err(|message| LocalError::Process { service, message })
+        send_signal(pid, signal).map_err(|message| LocalError::Process { service, message })?;
+        if signal == "STOP" {
+            wait_until_stopped(pid).map_err(|message| LocalError::Process { service, message })?;
+        }
+        Ok(())
     }
 
     /// Waits up to `wait` for a service to exit by itself (an armed crash point); true if it
@@ -389,6 +394,45 @@ fn send_signal(pid: u32, signal: &str) -> Result<(), String> {
         Ok(())
     } else {
         Err(format!("kill -{signal} {pid} failed ({status})"))
+    }
+}
+
+/// Waits until every thread of `pid` is stopped: `kill` returns once the signal is queued,
+/// while each thread stops only when it next leaves the kernel (one inside a long `fsync` keeps
+/// running until it returns), so a caller that acts right away may still be answered.
+fn wait_until_stopped(pid: u32) -> Result<(), String> {
+    const WAIT: Duration = Duration::from_secs(10);
+    let started = std::time::Instant::now();
+    let tasks = PathBuf::from(format!("/proc/{pid}/task"));
+    if !tasks.is_dir() {
+        // Not Linux (or no procfs): nothing to look at.
+        return Ok(());
+    }
+    loop {
+        let mut running = Vec::new();
+        let entries = std::fs::read_dir(&tasks).map_err(|e| format!("{}: {e}", tasks.display()))?;
+        for entry in entries.flatten() {
+            let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+                continue; // the thread ended meanwhile
+            };
+            // The state follows the parenthesised command name, which may contain spaces.
+            let state = stat
+                .rsplit_once(") ")
+                .and_then(|(_, rest)| rest.chars().next());
+            if !matches!(state, Some('T' | 't' | 'Z' | 'X')) {
+                running.push(format!("{}={state:?}", entry.file_name().to_string_lossy()));
+            }
+        }
+        if running.is_empty() {
+            return Ok(());
+        }
+        if started.elapsed() > WAIT {
+            return Err(format!(
+                "{pid} not stopped {WAIT:?} after SIGSTOP; threads still running: {}",
+                running.join(", ")
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(5));
     }
 }
 
