@@ -27,11 +27,12 @@ ensure_apt() {
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 }
 
-# Build prerequisites: libclang for RocksDB's bindgen, protoc for etcd-client's build
-# (our own proto crate uses a vendored protoc), a C++ compiler for RocksDB.
+# Build prerequisites: libclang for RocksDB's bindgen, protoc and the well-known types
+# (google/protobuf/*.proto, in libprotobuf-dev) for etcd-client's build (our own proto crate
+# uses a vendored protoc), a C++ compiler for RocksDB.
 ensure_build_deps() {
   command -v cargo >/dev/null || { echo "cargo is required (https://rustup.rs)" >&2; exit 1; }
-  ensure_apt build-essential pkg-config clang libclang-dev protobuf-compiler
+  ensure_apt build-essential pkg-config clang libclang-dev protobuf-compiler libprotobuf-dev
 }
 
 # buf (protobuf linter) from the npm registry, into the tool cache.

@@ -5,6 +5,8 @@ source "$(dirname "$0")/common.sh"
 ensure_build_deps
 # The Kafka backend's tests start a real Kafka-compatible broker (tansu) on loopback.
 bash "$REPO_ROOT/scripts/kafka.sh" install
+# The cluster tests start a real etcd (Debian's etcd-server) on loopback.
+bash "$REPO_ROOT/scripts/etcd.sh" install
 cd "$REPO_ROOT"
 log "cargo test (target dir: $CARGO_TARGET_DIR)"
 output="$(mktemp)"

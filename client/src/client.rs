@@ -32,6 +32,23 @@ pub(crate) struct Instance {
     pub(crate) channel: Channel,
 }
 
+/// Why Recommend named no instance.
+enum Unresolved {
+    /// No seed answered (the last error): worth retrying.
+    NoAnswer(String),
+    /// The request itself was refused.
+    Refused(tonic::Status),
+}
+
+/// The subscription group a session is for, as Recommend names it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct GroupTarget {
+    /// The topic.
+    pub(crate) topic: String,
+    /// The effective group: empty for the topic's default group, `~<client id>` for BROADCAST.
+    pub(crate) group: String,
+}
+
 /// Where a published event was stored.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Published {
@@ -131,22 +148,41 @@ impl Inner {
         }
     }
 
-    /// The instance to use: the cached one, or a fresh answer to Recommend, retried with
-    /// backoff until the deadline.
+    /// The instance to publish through: the cached one, or a fresh answer to Recommend,
+    /// retried with backoff until the deadline.
     pub(crate) async fn instance(&self, exclude: &[String]) -> Result<Instance, ClientError> {
         if let Some(instance) = self.cached().filter(|i| !exclude.contains(&i.id)) {
             return Ok(instance);
         }
+        let instance = self.recommended(exclude, None).await?;
+        *self.current.lock().unwrap_or_else(|p| p.into_inner()) = Some(instance.clone());
+        Ok(instance)
+    }
+
+    /// The instance Recommend names for a session of `group` (its home when it has one), or
+    /// for no session in particular; never cached: each subscription resolves its own.
+    /// Retried with backoff until the deadline.
+    pub(crate) async fn recommended(
+        &self,
+        exclude: &[String],
+        group: Option<&GroupTarget>,
+    ) -> Result<Instance, ClientError> {
         let started = Instant::now();
         let mut backoff = Backoff::new(&self.config);
         loop {
-            match self.resolve(exclude).await {
-                Ok(instance) => {
-                    *self.current.lock().unwrap_or_else(|p| p.into_inner()) =
-                        Some(instance.clone());
-                    return Ok(instance);
+            match self.resolve(exclude, group).await {
+                Ok(instance) => return Ok(instance),
+                Err(Unresolved::Refused(status)) => {
+                    return Err(ClientError::Refused {
+                        operation: if group.is_some() {
+                            "subscribe"
+                        } else {
+                            "recommend"
+                        },
+                        status,
+                    });
                 }
-                Err(last) => {
+                Err(Unresolved::NoAnswer(last)) => {
                     if started.elapsed() >= self.config.retry_deadline {
                         return Err(ClientError::Unreachable {
                             waited: started.elapsed(),
@@ -162,21 +198,33 @@ impl Inner {
 
     /// One pass over the seeds: the first answer naming an instance outside `exclude`, else
     /// the first answer at all (a single instance answers with itself even when excluded).
-    async fn resolve(&self, exclude: &[String]) -> Result<Instance, String> {
+    async fn resolve(
+        &self,
+        exclude: &[String],
+        group: Option<&GroupTarget>,
+    ) -> Result<Instance, Unresolved> {
         let mut fallback = None;
         let mut last_error = String::from("no endpoint configured");
         for seed in self.config.endpoints() {
-            let channel = self.config.channel(&seed).map_err(|e| e.to_string())?;
+            let channel = self
+                .config
+                .channel(&seed)
+                .map_err(|e| Unresolved::NoAnswer(e.to_string()))?;
             let mut service = EventMeshServiceClient::new(channel.clone());
             let request = pb::RecommendRequest {
                 client_id: self.config.client_id.clone(),
                 exclude: exclude.to_vec(),
-                group: String::new(),
+                topic: group.map(|g| g.topic.clone()).unwrap_or_default(),
+                group: group.map(|g| g.group.clone()).unwrap_or_default(),
             };
             let answer =
                 tokio::time::timeout(self.config.request_timeout, service.recommend(request)).await;
             let answer = match answer {
                 Ok(Ok(answer)) => answer.into_inner(),
+                // Bad input (an invalid client id, topic or group) is refused by every seed.
+                Ok(Err(status)) if status.code() == tonic::Code::InvalidArgument => {
+                    return Err(Unresolved::Refused(status));
+                }
                 Ok(Err(status)) => {
                     last_error = format!("{seed}: {}", status.message());
                     continue;
@@ -193,20 +241,26 @@ impl Inner {
                     channel,
                 }
             } else {
-                let address = format!("http://{}", answer.address);
-                let channel = self.config.channel(&address).map_err(|e| e.to_string())?;
-                Instance {
-                    id: answer.instance_id,
-                    address,
-                    channel,
-                }
+                self.instance_at(answer.instance_id, &answer.address)
+                    .map_err(|e| Unresolved::NoAnswer(e.to_string()))?
             };
             if !exclude.contains(&instance.id) {
                 return Ok(instance);
             }
             fallback.get_or_insert(instance);
         }
-        fallback.ok_or(last_error)
+        fallback.ok_or(Unresolved::NoAnswer(last_error))
+    }
+
+    /// The instance `id` at `host:port` (a Recommend answer or a home redirect).
+    pub(crate) fn instance_at(&self, id: String, address: &str) -> Result<Instance, ClientError> {
+        let address = format!("http://{address}");
+        let channel = self.config.channel(&address)?;
+        Ok(Instance {
+            id,
+            address,
+            channel,
+        })
     }
 
     /// Runs a unary call against the current instance, retrying transient failures (with

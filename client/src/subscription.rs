@@ -1,7 +1,11 @@
 //! Subscriptions: a stream of [`Delivery`]s that heals itself.
 //!
 //! A background task owns the gRPC session. It opens it (Recommend → Subscribe → Open →
-//! Opened), forwards the deliveries into a channel the [`Subscription`] reads, and sends the
+//! Opened), asking Recommend about its own topic and group, so the answer is the group's home
+//! instance in a cluster; an Open refused with the home in the status metadata
+//! (`em-home-instance`, `em-home-address`) is followed there, at most [`MAX_HOME_HOPS`] times,
+//! and a redirect to the instance just left means the home is moving: back off, ask again.
+//! FAILED_PRECONDITION without that metadata is a refusal and ends the subscription. It forwards the deliveries into a channel the [`Subscription`] reads, and sends the
 //! application's ACKs, NACKs and extensions, merging every ACK queued at that moment into one
 //! `Ack` message. When the session breaks — the stream errors or ends, or keepalive declares a
 //! frozen instance dead — it reconnects with backoff, failing over to another instance when the
@@ -27,11 +31,30 @@ use futures::Stream;
 use tokio::sync::{mpsc, oneshot};
 use tokio_stream::wrappers::UnboundedReceiverStream;
 
-use crate::client::{Inner, Instance, MAX_MESSAGE};
+use crate::client::{GroupTarget, Inner, Instance, MAX_MESSAGE};
 use crate::config::Backoff;
 use crate::error::{ClientError, is_transient_status};
 
 pub use pb::{AckOutcome, StartPosition, SubscriptionMode};
+
+/// Home redirects followed in a row before asking Recommend again.
+pub const MAX_HOME_HOPS: usize = 3;
+
+/// The home a FAILED_PRECONDITION names in its metadata, `(instance id, host:port)`.
+fn home_redirect(status: &tonic::Status) -> Option<(String, String)> {
+    if status.code() != tonic::Code::FailedPrecondition {
+        return None;
+    }
+    let get = |name| {
+        status
+            .metadata()
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .filter(|v| !v.is_empty())
+            .map(str::to_owned)
+    };
+    Some((get("em-home-instance")?, get("em-home-address")?))
+}
 
 /// What to subscribe to.
 ///
@@ -91,6 +114,17 @@ impl SubscribeOptions {
     /// The topic.
     pub fn topic(&self) -> &str {
         &self.topic
+    }
+
+    /// The group Recommend is asked about: BROADCAST is the client's own group `~<client id>`.
+    fn target(&self, client_id: &str) -> GroupTarget {
+        GroupTarget {
+            topic: self.topic.clone(),
+            group: match self.mode {
+                SubscriptionMode::Broadcast => format!("~{client_id}"),
+                _ => self.group.clone(),
+            },
+        }
     }
 
     fn open(&self, client_id: &str) -> pb::Open {
@@ -463,9 +497,37 @@ impl SessionTask {
         let started = tokio::time::Instant::now();
         let deadline = self.inner.config.retry_deadline;
         let mut backoff = Backoff::new(&self.inner.config);
+        let target = self.options.target(&self.inner.config.client_id);
         loop {
-            let instance = self.inner.instance(exclude).await?;
-            match self.try_open(&instance).await {
+            let mut instance = self.inner.recommended(exclude, Some(&target)).await?;
+            let mut hops = 0;
+            let opened = loop {
+                let status = match self.try_open(&instance).await {
+                    Ok(opened) => break Ok(opened),
+                    Err(status) => status,
+                };
+                match home_redirect(&status) {
+                    // The group lives elsewhere: follow it, a bounded number of times.
+                    Some((id, address)) if hops < MAX_HOME_HOPS && !exclude.contains(&id) => {
+                        hops += 1;
+                        tracing::debug!(home = %id, %address, "the group's home is another instance; opening there");
+                        instance = match self.inner.instance_at(id, &address) {
+                            Ok(home) => home,
+                            Err(error) => break Err(tonic::Status::unavailable(error.to_string())),
+                        };
+                    }
+                    // A home we just left, or hops without end: the home is moving. Back off
+                    // and ask again.
+                    Some(_) => {
+                        break Err(tonic::Status::unavailable(format!(
+                            "the group's home is moving ({})",
+                            status.message()
+                        )));
+                    }
+                    None => break Err(status),
+                }
+            };
+            match opened {
                 Ok((requests, stream)) => return Ok((instance, requests, stream)),
                 Err(status) if is_transient_status(&status) && started.elapsed() < deadline => {
                     tracing::debug!(instance = %instance.id, error = %status.message(), "open failed; retrying");

@@ -35,6 +35,96 @@ pub struct Config {
     pub dependency_timeout_ms: u64,
     /// Delivery behaviour (the `[delivery]` table of the file).
     pub delivery: DeliverySettings,
+    /// Several instances coordinated through etcd (the `[cluster]` table of the file).
+    pub cluster: ClusterSettings,
+}
+
+/// Membership, homes and Recommend through etcd. Without endpoints the instance is alone and
+/// behaves exactly as a single node (Recommend answers with itself, every group is local).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ClusterSettings {
+    /// etcd client URLs (`http://host:port`); empty: no cluster.
+    pub etcd_endpoints: Vec<String>,
+    /// The prefix of every key this cluster writes; must start with `/`.
+    pub etcd_prefix: String,
+    /// The instance lease's TTL, seconds: how long a dead instance keeps its groups.
+    pub lease_ttl_secs: u64,
+    /// How often the lease is renewed and the instance's load rewritten, seconds.
+    pub keepalive_secs: u64,
+    /// How often a group's progress is mirrored to etcd, ms.
+    pub mirror_interval_ms: u64,
+    /// Mirror each group's progress to etcd, so a group that moves resumes where it was
+    /// (false: only its start is recorded, and a moved group replays from EARLIEST).
+    pub mirror_progress: bool,
+}
+
+impl Default for ClusterSettings {
+    fn default() -> Self {
+        ClusterSettings {
+            etcd_endpoints: Vec::new(),
+            etcd_prefix: "/em".into(),
+            lease_ttl_secs: 15,
+            keepalive_secs: 5,
+            mirror_interval_ms: 1_000,
+            mirror_progress: true,
+        }
+    }
+}
+
+impl ClusterSettings {
+    /// Whether an etcd cluster is configured.
+    pub fn enabled(&self) -> bool {
+        !self.etcd_endpoints.is_empty()
+    }
+
+    /// The lease TTL.
+    pub fn lease_ttl(&self) -> Duration {
+        Duration::from_secs(self.lease_ttl_secs)
+    }
+
+    /// The keep-alive interval.
+    pub fn keepalive(&self) -> Duration {
+        Duration::from_secs(self.keepalive_secs)
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        let invalid = |key, message: &str| {
+            Err(ConfigError::Invalid {
+                key,
+                message: message.into(),
+            })
+        };
+        if !self.etcd_prefix.starts_with('/') {
+            return invalid("etcd_prefix", "must start with /");
+        }
+        if self.etcd_prefix.len() > 1 && self.etcd_prefix.ends_with('/') {
+            return invalid("etcd_prefix", "must not end with /");
+        }
+        if self.keepalive_secs == 0 {
+            return invalid("keepalive_secs", "must be at least 1");
+        }
+        if self.lease_ttl_secs <= self.keepalive_secs {
+            return invalid(
+                "lease_ttl_secs",
+                "must exceed keepalive_secs (the lease would expire between renewals)",
+            );
+        }
+        if self.mirror_interval_ms == 0 {
+            return invalid("mirror_interval_ms", "must be at least 1");
+        }
+        if let Some(bad) = self
+            .etcd_endpoints
+            .iter()
+            .find(|e| !(e.starts_with("http://") || e.starts_with("https://")))
+        {
+            return invalid(
+                "etcd_endpoints",
+                &format!("{bad:?} is not an http:// or https:// URL"),
+            );
+        }
+        Ok(())
+    }
 }
 
 /// How deliveries are tracked, retried, bounded and settled.
@@ -89,6 +179,7 @@ impl Default for Config {
             shutdown_timeout_secs: 10,
             dependency_timeout_ms: 5_000,
             delivery: DeliverySettings::default(),
+            cluster: ClusterSettings::default(),
         }
     }
 }
@@ -280,6 +371,25 @@ pub struct Args {
     /// Deadline of calls to puller-svc and offset-svc, ms [default: 5000].
     #[arg(long, env = "EM_DISPATCHER_DEPENDENCY_TIMEOUT_MS")]
     pub dependency_timeout_ms: Option<u64>,
+    /// etcd client URLs, comma-separated [default: none, a single instance].
+    #[arg(long, env = "EM_DISPATCHER_ETCD_ENDPOINTS", value_delimiter = ',')]
+    pub etcd_endpoints: Option<Vec<String>>,
+    /// Prefix of the cluster's etcd keys [default: /em].
+    #[arg(long, env = "EM_DISPATCHER_ETCD_PREFIX")]
+    pub etcd_prefix: Option<String>,
+    /// Instance lease TTL, seconds [default: 15].
+    #[arg(long, env = "EM_DISPATCHER_LEASE_TTL_SECS")]
+    pub lease_ttl_secs: Option<u64>,
+    /// Lease renewal and load report interval, seconds [default: 5].
+    #[arg(long, env = "EM_DISPATCHER_KEEPALIVE_SECS")]
+    pub keepalive_secs: Option<u64>,
+    /// Progress mirror interval, ms [default: 1000].
+    #[arg(long, env = "EM_DISPATCHER_MIRROR_INTERVAL_MS")]
+    pub mirror_interval_ms: Option<u64>,
+    /// Mirror group progress to etcd (false: a moved group replays from EARLIEST) [default:
+    /// true].
+    #[arg(long, env = "EM_DISPATCHER_MIRROR_PROGRESS")]
+    pub mirror_progress: Option<bool>,
 }
 
 impl Args {
@@ -328,6 +438,21 @@ impl Args {
         apply(&mut d.max_extend_ms, self.max_extend_ms);
         apply(&mut d.assign_timeout_ms, self.assign_timeout_ms);
         d.validate()?;
+        let c = &mut config.cluster;
+        apply(&mut c.etcd_endpoints, self.etcd_endpoints);
+        c.etcd_endpoints.retain(|e| !e.trim().is_empty());
+        apply(&mut c.etcd_prefix, self.etcd_prefix);
+        apply(&mut c.lease_ttl_secs, self.lease_ttl_secs);
+        apply(&mut c.keepalive_secs, self.keepalive_secs);
+        apply(&mut c.mirror_interval_ms, self.mirror_interval_ms);
+        apply(&mut c.mirror_progress, self.mirror_progress);
+        if c.enabled() && config.instance_id.contains('|') {
+            return Err(ConfigError::Invalid {
+                key: "instance_id",
+                message: "must not contain | (it separates the fields of etcd values)".into(),
+            });
+        }
+        c.validate()?;
         Ok(config)
     }
 }
@@ -385,6 +510,60 @@ mod tests {
             .unwrap_err();
         assert!(err.to_string().contains("max_attempts"), "{err}");
         std::fs::write(&file, "[delivery]\nack_timeout = 3\n").unwrap();
+        assert!(
+            Args::parse_from(["dispatcher-svc", "--config", file.to_str().unwrap()])
+                .into_config()
+                .is_err()
+        );
+    }
+
+    /// The `[cluster]` table: off by default, and every inconsistent value named.
+    #[test]
+    fn cluster_settings_and_their_errors() {
+        let config = Args::parse_from(["dispatcher-svc"]).into_config().unwrap();
+        assert!(!config.cluster.enabled());
+        assert_eq!(config.cluster.etcd_prefix, "/em");
+        assert_eq!(config.cluster.lease_ttl_secs, 15);
+        assert_eq!(config.cluster.keepalive_secs, 5);
+        assert_eq!(config.cluster.mirror_interval_ms, 1_000);
+        let config = Args::parse_from([
+            "dispatcher-svc",
+            "--etcd-endpoints",
+            "http://127.0.0.1:1,http://127.0.0.1:2",
+        ])
+        .into_config()
+        .unwrap();
+        assert_eq!(config.cluster.etcd_endpoints.len(), 2);
+        for (args, key) in [
+            (vec!["--etcd-prefix", "em"], "etcd_prefix"),
+            (vec!["--etcd-prefix", "/em/"], "etcd_prefix"),
+            (vec!["--lease-ttl-secs", "5"], "lease_ttl_secs"),
+            (
+                vec!["--lease-ttl-secs", "3", "--keepalive-secs", "4"],
+                "lease_ttl_secs",
+            ),
+            (vec!["--keepalive-secs", "0"], "keepalive_secs"),
+            (vec!["--mirror-interval-ms", "0"], "mirror_interval_ms"),
+            (vec!["--etcd-endpoints", "127.0.0.1:2379"], "etcd_endpoints"),
+        ] {
+            let err = Args::parse_from(std::iter::once("dispatcher-svc").chain(args.clone()))
+                .into_config()
+                .unwrap_err();
+            assert!(err.to_string().contains(key), "{args:?}: {err}");
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("d.toml");
+        std::fs::write(
+            &file,
+            "[cluster]\netcd_endpoints = [\"http://127.0.0.1:2379\"]\nlease_ttl_secs = 3\nkeepalive_secs = 1\n",
+        )
+        .unwrap();
+        let config = Args::parse_from(["dispatcher-svc", "--config", file.to_str().unwrap()])
+            .into_config()
+            .unwrap();
+        assert!(config.cluster.enabled());
+        assert_eq!(config.cluster.lease_ttl_secs, 3);
+        std::fs::write(&file, "[cluster]\nttl = 3\n").unwrap();
         assert!(
             Args::parse_from(["dispatcher-svc", "--config", file.to_str().unwrap()])
                 .into_config()

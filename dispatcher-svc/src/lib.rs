@@ -5,6 +5,8 @@
 //!   Subscribe sessions).
 //! * [`admin`] — the operator's `eventmesh.v1.AdminService` (offset resets that no live group
 //!   writes over).
+//! * [`cluster`] — several instances through etcd: membership with measured load, one home
+//!   per group, the progress mirror, fencing, Recommend.
 //! * [`registry`] — the instance's subscription groups: creation (start positions, reader
 //!   attach), lookup, and stopping a group to change its offsets.
 //! * [`pulling`] — each group's pull loop and the continuity rule (only the log declares a
@@ -25,6 +27,7 @@ pub mod admin;
 pub mod batching;
 pub mod broker_ack;
 pub mod budget;
+pub mod cluster;
 pub mod config;
 pub mod crash;
 pub mod dead_letters;

@@ -16,6 +16,12 @@
 //! 5. the group actor starts, seeded with the positions, and its pull loop
 //!    ([`crate::pulling`]) starts.
 //!
+//! With a cluster ([`crate::cluster`]) the group's home is claimed in etcd before step 1 (an
+//! Open at another instance's group is refused with the home's address), step 2 also reads the
+//! group's progress mirrored in etcd (a group that moved resumes where its last home got to;
+//! partitions without a record there start at EARLIEST), and the start watermarks are recorded
+//! in etcd before step 4. The home is released after the group ends.
+//!
 //! Stopping a group for a change of its stored offsets ([`Shared::rewind`], operator resets)
 //! holds group creation, ends the group, waits until everything it wrote is durable, changes
 //! the offsets, and only then lets the group be created again — so no live group ever writes
@@ -45,6 +51,9 @@ use tonic::transport::Channel;
 use crate::batching::Backoff;
 use crate::broker_ack::BrokerAcker;
 use crate::budget::TopicBudget;
+use crate::cluster::Cluster;
+use crate::cluster::meter::Meter;
+use crate::cluster::mirror::Recorded;
 use crate::config::DeliverySettings;
 use crate::dead_letters::DeadLetterWriter;
 use crate::error::DispatcherError;
@@ -134,6 +143,10 @@ pub struct Shared {
     pub broker_acks: BrokerAcker,
     /// The dead-letter writer.
     pub dead_letters: DeadLetterWriter,
+    /// Membership in a cluster (`None`: a single instance).
+    pub cluster: Option<Arc<Cluster>>,
+    /// The load this instance reports.
+    pub meter: Arc<Meter>,
     puller: PullerServiceClient<Channel>,
     offsets: OffsetServiceClient<Channel>,
     groups: Mutex<Groups>,
@@ -160,6 +173,10 @@ pub struct SharedParts {
     pub broker_acks: BrokerAcker,
     /// Instance shutdown.
     pub shutdown: CancellationToken,
+    /// Cluster membership.
+    pub cluster: Option<Arc<Cluster>>,
+    /// Load counters.
+    pub meter: Arc<Meter>,
 }
 
 impl Shared {
@@ -176,6 +193,8 @@ impl Shared {
             writer: parts.writer,
             broker_acks: parts.broker_acks,
             dead_letters: DeadLetterWriter::new(parts.puller.clone()),
+            cluster: parts.cluster,
+            meter: parts.meter,
             // A pull answer is bounded by the pull size this instance asks for plus one whole
             // record; offset reads by offset-svc's own limit.
             puller: PullerServiceClient::new(parts.puller).max_decoding_message_size(pull_limit),
@@ -277,8 +296,39 @@ impl Shared {
         self.groups.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// Whether this instance may deliver now (always, without a cluster; see
+    /// [`Cluster::may_serve`]).
+    pub fn may_serve(&self) -> bool {
+        self.cluster.as_ref().is_none_or(|c| c.may_serve())
+    }
+
+    /// The keys of the live groups.
+    pub fn group_keys(&self) -> Vec<GroupKey> {
+        self.lock_groups().by_key.keys().cloned().collect()
+    }
+
+    /// Ends one live group now: its sessions end with `status`; nothing unsettled is retired.
+    pub fn end_group(&self, key: &GroupKey, status: tonic::Status) {
+        if let Some(handle) = self.group(key) {
+            let _ = handle.commands.send(GroupCmd::End {
+                status,
+                reply: None,
+            });
+        }
+    }
+
+    /// Ends every live group now (the instance lost its lease).
+    pub fn end_all(&self, status: tonic::Status) {
+        for handle in self.lock_groups().by_key.values() {
+            let _ = handle.commands.send(GroupCmd::End {
+                status: status.clone(),
+                reply: None,
+            });
+        }
+    }
+
     /// Called by a group actor as it ends.
-    pub(crate) fn group_ended(&self, key: &GroupKey, number: u64) {
+    pub(crate) fn group_ended(self: &Arc<Self>, key: &GroupKey, number: u64) {
         let mut groups = self.lock_groups();
         if groups.by_key.get(key).is_some_and(|h| h.number == number) {
             groups.by_key.remove(key);
@@ -287,6 +337,21 @@ impl Shared {
         drop(groups);
         self.drop_budget_if_unused(&key.topic);
         eventmesh_common::metrics::forget_group_label(&key.label());
+        // The home goes when the group does, unless the instance is shutting down: then the
+        // last progress is mirrored first and the lease's revocation frees every home at once.
+        if let Some(cluster) = &self.cluster
+            && !self.shutdown.is_cancelled()
+        {
+            let shared = Arc::clone(self);
+            let cluster = Arc::clone(cluster);
+            let key = key.clone();
+            tokio::spawn(async move {
+                let _creating = shared.creating.lock().await;
+                if shared.group(&key).is_none() {
+                    cluster.release_home(&key).await;
+                }
+            });
+        }
     }
 
     /// A topic no group reads any more keeps no budget (topics come and go). Called when a
@@ -332,16 +397,7 @@ impl Shared {
                     let _creating = self.creating.lock().await;
                     match self.group(&key) {
                         Some(handle) => handle,
-                        None => tokio::time::timeout(CREATE_TIMEOUT, self.create(&key, start))
-                            .await
-                            .map_err(|_| {
-                                DispatcherError::dependency(
-                                    "puller-svc/offset-svc",
-                                    tonic::Status::deadline_exceeded(
-                                        "creating the subscription group timed out",
-                                    ),
-                                )
-                            })??,
+                        None => self.claim_and_create(&key, start).await?,
                     }
                 }
             };
@@ -360,6 +416,33 @@ impl Shared {
             "the subscription group could not be joined (instance shutting down or group closing)"
                 .into(),
         ))
+    }
+
+    /// Claims the group's home (with a cluster), then creates the group; a failed creation
+    /// gives the home back. Call with group creation held.
+    async fn claim_and_create(
+        self: &Arc<Self>,
+        key: &GroupKey,
+        start: StartPosition,
+    ) -> Result<GroupHandle, DispatcherError> {
+        if let Some(cluster) = &self.cluster {
+            cluster.claim_home(key).await?;
+        }
+        let created = tokio::time::timeout(CREATE_TIMEOUT, self.create(key, start))
+            .await
+            .map_err(|_| {
+                DispatcherError::dependency(
+                    "puller-svc/offset-svc",
+                    tonic::Status::deadline_exceeded("creating the subscription group timed out"),
+                )
+            })
+            .and_then(|created| created);
+        if created.is_err()
+            && let Some(cluster) = &self.cluster
+        {
+            cluster.release_home(key).await;
+        }
+        created
     }
 
     async fn create(
@@ -410,6 +493,21 @@ impl Shared {
                 lost.insert(partition, entry.offset.max(0));
             }
         }
+        // A group that lived at another instance resumes where its last home got to.
+        let moved = match &self.cluster {
+            Some(cluster) => match cluster.mirror().read(cluster, key).await? {
+                Recorded::New => false,
+                Recorded::Moved(recorded) => {
+                    self.raise_to_record(key, &recorded).await?;
+                    for (partition, watermark) in recorded {
+                        let slot = stored.entry(partition).or_insert(watermark);
+                        *slot = (*slot).max(watermark);
+                    }
+                    true
+                }
+            },
+            None => false,
+        };
         let ranges = puller
             .end_offsets(EndOffsetsRequest {
                 topic: key.topic.to_string(),
@@ -428,6 +526,8 @@ impl Shared {
                 Some(watermark) => watermark + 1,
                 None => {
                     let first = match start {
+                        // What a moved group has no record of may not have been delivered.
+                        _ if moved => range.start,
                         StartPosition::Earliest | StartPosition::Stored => range.start,
                         StartPosition::Latest | StartPosition::Unspecified => range.end,
                     };
@@ -448,6 +548,16 @@ impl Shared {
                 })
                 .await
                 .map_err(offset_error)?;
+        }
+        if let Some(cluster) = &self.cluster {
+            let start_watermarks = positions
+                .iter()
+                .map(|(p, next)| (p.clone(), next - 1))
+                .collect();
+            cluster
+                .mirror()
+                .write_creation(cluster, key, &start_watermarks)
+                .await?;
         }
         let generation = self.attach(key, &positions).await?;
         let seeds = positions
@@ -489,6 +599,34 @@ impl Shared {
         groups.by_number.insert(number, handle.clone());
         tracing::info!(group = %key, number, ?start, "subscription group created; its reader attached");
         Ok(handle)
+    }
+
+    /// Raises this instance's stored watermarks of `key` to what its previous home mirrored
+    /// (offset-svc writes are CAS-max), before the reader is attached.
+    async fn raise_to_record(
+        &self,
+        key: &GroupKey,
+        recorded: &BTreeMap<PartitionId, i64>,
+    ) -> Result<(), DispatcherError> {
+        if recorded.is_empty() {
+            return Ok(());
+        }
+        let entries = recorded
+            .iter()
+            .map(|(partition, watermark)| OffsetEntry {
+                key: Some(self.cursor_key(key, partition)),
+                offset: *watermark,
+            })
+            .collect();
+        self.offsets()
+            .write_offsets(WriteOffsetsRequest {
+                entries,
+                sync: self.settings.sync_offsets,
+            })
+            .await
+            .map_err(|status| DispatcherError::dependency("offset-svc", status))?;
+        tracing::info!(group = %key, partitions = recorded.len(), "resuming the group where its previous home got to (mirrored progress)");
+        Ok(())
     }
 
     /// Ends the live groups of `keys` with `status` for their sessions and waits until they

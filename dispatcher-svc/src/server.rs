@@ -4,7 +4,9 @@
 //!
 //! Shutdown order (DESIGN §12): readiness off and no new streams; sessions are told to
 //! reconnect; groups stop pulling and flush their watermarks; the writer and forwarder get a
-//! moment to finish. What is still un-ACKed then is pulled again by the next instance.
+//! moment to finish; with a cluster, the groups' last progress is mirrored and the lease revoked
+//! (every home of the instance is free at once). What is still un-ACKed then is pulled again by
+//! the next instance.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -21,6 +23,8 @@ use tonic_health::ServingStatus;
 
 use crate::admin::AdminGrpc;
 use crate::broker_ack::BrokerAcker;
+use crate::cluster::Cluster;
+use crate::cluster::meter::Meter;
 use crate::config::Config;
 use crate::offset_writer::OffsetWriter;
 use crate::registry::{Shared, SharedParts};
@@ -55,6 +59,9 @@ pub enum ServerError {
     /// Serving failed.
     #[error("gRPC server failed: {0}")]
     Serve(#[from] tonic::transport::Error),
+    /// The cluster refused this instance (a live instance has its id) or its settings.
+    #[error("cluster: {0}")]
+    Cluster(#[from] crate::cluster::ClusterError),
     /// A task died or reflection could not be built.
     #[error("server task failed: {0}")]
     Task(String),
@@ -116,6 +123,31 @@ pub async fn start(
     } else {
         config.advertise.clone()
     };
+    let meter = Arc::new(Meter::default());
+    let cluster = if config.cluster.enabled() {
+        let cluster = Cluster::connect(
+            &config.cluster,
+            instance_id.clone(),
+            advertise.clone(),
+            Arc::clone(&meter),
+        )
+        .await?;
+        // Registered before serving, so a duplicate id fails the start; an unreachable etcd
+        // does not: the instance serves publishes and registers in the background (Opens
+        // answer UNAVAILABLE until then).
+        match cluster.register().await {
+            Ok(_) => {}
+            Err(error @ crate::cluster::ClusterError::DuplicateInstance { .. }) => {
+                return Err(error.into());
+            }
+            Err(error) => {
+                tracing::warn!(%error, "etcd is not reachable; registering in the background")
+            }
+        }
+        Some(cluster)
+    } else {
+        None
+    };
     let shared = Shared::new(SharedParts {
         settings: config.delivery.clone(),
         instance_id: instance_id.clone(),
@@ -124,7 +156,12 @@ pub async fn start(
         writer: writer.clone(),
         broker_acks,
         shutdown: shutdown.clone(),
+        cluster: cluster.clone(),
+        meter,
     });
+    if let Some(cluster) = &cluster {
+        cluster.spawn(&shared, shutdown.clone());
+    }
     let (health, router) = grpc::standard_router(&[eventmesh_proto::FILE_DESCRIPTOR_SET])
         .map_err(|err| ServerError::Task(err.to_string()))?;
     let service = EventMeshGrpc::new(Arc::clone(&shared), advertise, shutdown.clone());
@@ -172,6 +209,13 @@ pub async fn start(
         drop(writer);
         let _ = tokio::time::timeout(FLUSH_GRACE, writer_task).await;
         let _ = tokio::time::timeout(FLUSH_GRACE, acker_task).await;
+        if let Some(cluster) = cluster {
+            // The groups' last progress goes to their next homes, then every home is freed.
+            if let Err(error) = cluster.mirror().flush(&cluster).await {
+                tracing::warn!(%error, "mirroring the groups' last progress failed");
+            }
+            cluster.leave().await;
+        }
         tracing::info!("dispatcher-svc stopped");
         served.map_err(ServerError::from)
     });

@@ -32,6 +32,8 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 use tracing::Instrument;
 
+use crate::cluster::load::Asker;
+use crate::cluster::meter::Meter;
 use crate::delivery_id::DeliveryId;
 use crate::error::DispatcherError;
 use crate::event::encode_for_publish;
@@ -118,6 +120,23 @@ pub fn validate_open(
     })
 }
 
+/// The group a Recommend names: none without a topic; the default group for an empty name; a
+/// BROADCAST group as `~<client id>`.
+fn recommend_group(topic: &str, group: &str) -> Result<Option<GroupKey>, FieldError> {
+    if topic.is_empty() {
+        return Ok(None);
+    }
+    let topic = Topic::new(topic.to_owned()).map_err(|e| FieldError::new("topic", e))?;
+    let group = if group.is_empty() {
+        None
+    } else if let Some(client) = group.strip_prefix('~') {
+        Some(GroupName::broadcast(client).map_err(|e| FieldError::new("group", e))?)
+    } else {
+        Some(GroupName::named(group.to_owned()).map_err(|e| FieldError::new("group", e))?)
+    };
+    Ok(Some(GroupKey { topic, group }))
+}
+
 type SubscribeStream = Pin<Box<dyn Stream<Item = Result<SubscribeResponse, Status>> + Send>>;
 
 /// What the session task hands to the response stream.
@@ -142,14 +161,33 @@ impl EventMeshService for EventMeshGrpc {
     ) -> Result<Response<pb::RecommendResponse>, Status> {
         let request = request.into_inner();
         if !request.client_id.is_empty() {
-            ClientId::new(request.client_id).map_err(|e| FieldError::new("client_id", e))?;
+            ClientId::new(request.client_id.clone())
+                .map_err(|e| FieldError::new("client_id", e))?;
         }
-        // Single-node default (DESIGN §8): without a cluster registry this instance answers
-        // with itself, even when excluded — there is nowhere else to go.
-        Ok(Response::new(pb::RecommendResponse {
+        let group = recommend_group(&request.topic, &request.group)?;
+        let myself = || pb::RecommendResponse {
             address: self.advertise.clone(),
             instance_id: self.shared.instance_id.clone(),
-        }))
+        };
+        // Single-node default (DESIGN §8): without a cluster registry this instance answers
+        // with itself, even when excluded — there is nowhere else to go. With one, the answer
+        // comes from the watch-fed view (itself while that view is still empty).
+        let Some(cluster) = &self.shared.cluster else {
+            return Ok(Response::new(myself()));
+        };
+        let label = group.as_ref().map(GroupKey::label).unwrap_or_default();
+        let asker = Asker {
+            client: &request.client_id,
+            topic: &request.topic,
+            group: &label,
+        };
+        let answer = cluster
+            .recommend(asker, group.as_ref(), &request.exclude)
+            .map_or_else(myself, |(instance_id, address)| pb::RecommendResponse {
+                address,
+                instance_id,
+            });
+        Ok(Response::new(answer))
     }
 
     #[tracing::instrument(skip_all, fields(messaging.destination.name = %request.get_ref().topic))]
@@ -174,6 +212,7 @@ impl EventMeshService for EventMeshGrpc {
             .event
             .ok_or_else(|| DispatcherError::invalid("event", "required"))?;
         let (body, event_id) = encode_for_publish(event)?;
+        let published_bytes = body.len();
         let publish = PullerPublish {
             topic: topic.to_string(),
             body,
@@ -200,6 +239,7 @@ impl EventMeshService for EventMeshGrpc {
         .map_err(puller_error)?
         .into_inner();
         metrics::counter!("dispatcher_published_total").increment(1);
+        self.shared.meter.published(published_bytes);
         Ok(Response::new(pb::PublishResponse {
             partition: stored.partition,
             offset: stored.offset,
@@ -247,6 +287,7 @@ impl EventMeshService for EventMeshGrpc {
             .shared
             .join(session.key.clone(), session.start, link)
             .await?;
+        self.shared.meter.session_opened(session.client.as_str());
         let span = tracing::info_span!("session", session = session_id, client = %session.client, group = %session.key);
         tracing::info!(parent: &span, max_in_flight = session.max_in_flight, "session opened");
         let (responses, response_rx) = mpsc::channel(RESPONSE_BUFFER);
@@ -265,9 +306,11 @@ impl EventMeshService for EventMeshGrpc {
         };
         let group = handle.commands.clone();
         let shutdown = self.shutdown.clone();
+        let meter = Arc::clone(&self.shared.meter);
         tokio::spawn(
             async move {
                 task.run(inbound, out_rx, shutdown).await;
+                meter.session_closed(task.client.as_str());
                 let _ = group.send(GroupCmd::Leave {
                     session: session_id,
                 });
@@ -276,14 +319,20 @@ impl EventMeshService for EventMeshGrpc {
             .instrument(span),
         );
         let timeout = settings.ack_timeout();
-        let stream =
-            ReceiverStream::new(response_rx).map(move |item| written(item, session_id, timeout));
+        let meter = Arc::clone(&self.shared.meter);
+        let stream = ReceiverStream::new(response_rx)
+            .map(move |item| written(item, session_id, timeout, &meter));
         Ok(Response::new(Box::pin(stream)))
     }
 }
 
 /// The transport takes an item: a delivery's ACK clock starts now.
-fn written(item: Item, session: u64, timeout: Duration) -> Result<SubscribeResponse, Status> {
+fn written(
+    item: Item,
+    session: u64,
+    timeout: Duration,
+    meter: &Meter,
+) -> Result<SubscribeResponse, Status> {
     match item {
         Item::Response(response) => *response,
         Item::Delivery {
@@ -292,6 +341,7 @@ fn written(item: Item, session: u64, timeout: Duration) -> Result<SubscribeRespo
             group,
         } => {
             stamp_deadline(&mut message, timeout);
+            meter.delivered(message.event.as_ref().map_or(0, |e| e.data.len()));
             let _ = group.send(GroupCmd::Written {
                 seq,
                 session,

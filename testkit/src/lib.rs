@@ -2,6 +2,8 @@
 //!
 //! * [`KafkaBroker`] — a real Kafka-compatible broker (tansu) on loopback, started and stopped
 //!   by `scripts/kafka.sh`, or the one named by `KAFKA_BOOTSTRAP`.
+//! * [`Etcd`] — a real etcd (Debian's etcd-server) on loopback, started, stopped and restarted
+//!   on the same data directory by `scripts/etcd.sh`, or the one named by `ETCD_ENDPOINTS`.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -40,7 +42,7 @@ impl KafkaBroker {
             .expect("a free loopback port")
             .port();
         let status = Command::new("bash")
-            .arg(script())
+            .arg(script("kafka.sh"))
             .arg("start")
             .arg(dir.path())
             .arg(port.to_string())
@@ -69,13 +71,7 @@ impl KafkaBroker {
             .started_in
             .as_ref()
             .expect("only our own broker is signalled");
-        let pid = std::fs::read_to_string(dir.path().join("tansu.pid")).expect("tansu's pid file");
-        let status = Command::new("kill").arg(signal).arg(pid.trim()).status();
-        assert!(
-            status.is_ok_and(|s| s.success()),
-            "kill {signal} {}",
-            pid.trim()
-        );
+        send_signal(&dir.path().join("tansu.pid"), signal);
     }
 }
 
@@ -83,7 +79,7 @@ impl Drop for KafkaBroker {
     fn drop(&mut self) {
         if let Some(dir) = &self.started_in {
             let _ = Command::new("bash")
-                .arg(script())
+                .arg(script("kafka.sh"))
                 .arg("stop")
                 .arg(dir.path())
                 .status();
@@ -91,18 +87,133 @@ impl Drop for KafkaBroker {
     }
 }
 
-/// `scripts/kafka.sh` of the checkout being tested, found at run time: from the package
+/// An etcd for a test: the cluster in `ETCD_ENDPOINTS` (comma-separated), or one started for
+/// the test on free loopback ports (stopped, by its pid, when dropped).
+#[derive(Debug)]
+pub struct Etcd {
+    endpoints: Vec<String>,
+    started_in: Option<tempfile::TempDir>,
+}
+
+impl Etcd {
+    /// The etcd in `ETCD_ENDPOINTS` if set, else one of this test's own.
+    ///
+    /// # Panics
+    /// When etcd cannot be started (`scripts/etcd.sh install` installs it).
+    pub fn get() -> Etcd {
+        match std::env::var("ETCD_ENDPOINTS") {
+            Ok(endpoints) => Etcd {
+                endpoints: endpoints.split(',').map(str::to_owned).collect(),
+                started_in: None,
+            },
+            Err(_) => Etcd::start_own(),
+        }
+    }
+
+    /// An etcd of this test's own (one it may stop, freeze or restart).
+    ///
+    /// # Panics
+    /// When etcd cannot be started (`scripts/etcd.sh install` installs it).
+    pub fn start_own() -> Etcd {
+        let dir = tempfile::tempdir().expect("a temporary directory for etcd");
+        let mut etcd = Etcd {
+            endpoints: Vec::new(),
+            started_in: Some(dir),
+        };
+        etcd.start();
+        etcd
+    }
+
+    /// The client URLs (`http://127.0.0.1:port`).
+    pub fn endpoints(&self) -> &[String] {
+        &self.endpoints
+    }
+
+    /// The client URLs joined by commas, as `--etcd-endpoints` takes them.
+    pub fn endpoints_arg(&self) -> String {
+        self.endpoints.join(",")
+    }
+
+    /// Stops this test's etcd (SIGTERM, then SIGKILL); its data stays for [`Etcd::start`].
+    ///
+    /// # Panics
+    /// For an etcd from `ETCD_ENDPOINTS`.
+    pub fn stop(&self) {
+        let _ = Command::new("bash")
+            .arg(script("etcd.sh"))
+            .arg("stop")
+            .arg(self.own_dir())
+            .status();
+    }
+
+    /// Starts this test's etcd (again) on its data directory and ports, and waits until healthy.
+    ///
+    /// # Panics
+    /// For an etcd from `ETCD_ENDPOINTS`, or when it does not become healthy.
+    pub fn start(&mut self) {
+        let dir = self.own_dir().to_owned();
+        let output = Command::new("bash")
+            .arg(script("etcd.sh"))
+            .arg("start")
+            .arg(&dir)
+            .output()
+            .expect("running scripts/etcd.sh");
+        assert!(
+            output.status.success(),
+            "could not start etcd (scripts/etcd.sh install installs it): {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let endpoint = std::fs::read_to_string(dir.join("endpoint")).expect("etcd's endpoint file");
+        self.endpoints = vec![endpoint.trim().to_owned()];
+    }
+
+    /// Sends `signal` (`-STOP`, `-CONT`, …) to this test's etcd.
+    ///
+    /// # Panics
+    /// For an etcd from `ETCD_ENDPOINTS`, or when the signal cannot be sent.
+    pub fn signal(&self, signal: &str) {
+        send_signal(&self.own_dir().join("etcd.pid"), signal);
+    }
+
+    fn own_dir(&self) -> &Path {
+        self.started_in
+            .as_ref()
+            .expect("only our own etcd is stopped, started or signalled")
+            .path()
+    }
+}
+
+impl Drop for Etcd {
+    fn drop(&mut self) {
+        if self.started_in.is_some() {
+            self.stop();
+        }
+    }
+}
+
+/// Sends `signal` to the process whose pid `pid_file` holds.
+fn send_signal(pid_file: &Path, signal: &str) {
+    let pid = std::fs::read_to_string(pid_file).expect("a pid file");
+    let status = Command::new("kill").arg(signal).arg(pid.trim()).status();
+    assert!(
+        status.is_ok_and(|s| s.success()),
+        "kill {signal} {}",
+        pid.trim()
+    );
+}
+
+/// A script of the checkout being tested (`scripts/<name>`), found at run time: from the package
 /// directory cargo names for the running test (or the working directory) upwards. Not the
 /// compile-time `CARGO_MANIFEST_DIR`: a shared `CARGO_TARGET_DIR` reuses this crate's build
 /// across checkouts, and the path baked into it may be another (since deleted) clone.
-fn script() -> PathBuf {
+fn script(name: &str) -> PathBuf {
     let start = std::env::var_os("CARGO_MANIFEST_DIR")
         .map(PathBuf::from)
         .or_else(|| std::env::current_dir().ok())
         .unwrap_or_default();
     start
         .ancestors()
-        .map(|dir| dir.join("scripts/kafka.sh"))
+        .map(|dir| dir.join("scripts").join(name))
         .find(|script| script.is_file())
-        .unwrap_or_else(|| Path::new("scripts/kafka.sh").to_path_buf())
+        .unwrap_or_else(|| Path::new("scripts").join(name))
 }

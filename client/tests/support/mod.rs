@@ -174,6 +174,16 @@ impl Ledger {
             .sum()
     }
 
+    /// Event ids answered DURABLE so far.
+    pub fn durable_count(&self) -> usize {
+        self.lock().durable.len()
+    }
+
+    /// The instance of the latest delivery.
+    pub fn latest_instance(&self) -> Option<Arc<str>> {
+        self.lock().latest_instance.clone()
+    }
+
     /// Event ids delivered and not yet answered DURABLE: what a crash now may bring back.
     pub fn unsettled(&self) -> usize {
         let inner = self.lock();

@@ -354,6 +354,8 @@ impl Group {
                 _ = flush.tick() => {
                     self.flush_watermarks();
                     self.check_stalled(Instant::now());
+                    // Deliveries held back while the instance's lease was late go out now.
+                    self.pump();
                 }
                 changed = health.changed() => {
                     if changed.is_ok() {
@@ -633,10 +635,19 @@ impl Group {
         cursor: Option<(PartitionId, i64)>,
     ) {
         let group = self.cmd_tx.clone();
+        let mirror = self.shared.cluster.clone();
+        let key = self.key.clone();
         self.shared.writer.submit(WriteJob {
             entries,
             token,
             listener: Arc::new(move |token, notice| {
+                // Durable progress is what the mirror carries to a group's next home; told
+                // here, in the writer, so a group's last flush is mirrored after it ended.
+                if let (Some(cluster), Some((partition, watermark)), WriteNotice::Durable) =
+                    (&mirror, &cursor, notice)
+                {
+                    cluster.mirror().note(&key, partition, *watermark);
+                }
                 let _ = group.send(GroupCmd::Write {
                     token,
                     notice,
@@ -955,6 +966,8 @@ mod tests {
             writer,
             broker_acks,
             shutdown: shutdown.clone(),
+            cluster: None,
+            meter: Arc::default(),
         });
         let key = GroupKey {
             topic: Topic::new("race").unwrap(),

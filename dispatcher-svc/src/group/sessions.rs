@@ -21,6 +21,11 @@ use crate::crash::{CrashPoint, crash_point};
 impl Group {
     /// Hands ready deliveries to sessions with spare capacity, round robin.
     pub(super) fn pump(&mut self) {
+        // A fenced instance (its lease not renewed in time) delivers nothing: another instance
+        // may be the group's home by now.
+        if !self.shared.may_serve() {
+            return;
+        }
         while !self.sessions.is_empty() {
             let Some(&seq) = self.ready.front() else {
                 return;
