@@ -110,6 +110,9 @@ struct LedgerInner {
 struct InstanceLedger {
     delivered: HashSet<String>,
     durable: HashSet<String>,
+    /// When the application took the instance's first and latest delivery.
+    first_at: Option<Instant>,
+    last_at: Option<Instant>,
 }
 
 /// The checker's verdict.
@@ -135,12 +138,14 @@ impl Ledger {
         let mut inner = self.lock();
         let event = delivery.event.id.clone();
         *inner.delivered.entry(event.clone()).or_default() += 1;
-        inner
+        let now = Instant::now();
+        let by_instance = inner
             .instances
             .entry(Arc::clone(&delivery.instance_id))
-            .or_default()
-            .delivered
-            .insert(event.clone());
+            .or_default();
+        by_instance.delivered.insert(event.clone());
+        by_instance.first_at.get_or_insert(now);
+        by_instance.last_at = Some(now);
         inner.latest_instance = Some(Arc::clone(&delivery.instance_id));
         inner.delivery_events.insert(
             delivery.id.clone(),
@@ -172,6 +177,18 @@ impl Ledger {
             .filter(|(id, _)| Some(*id) != inner.latest_instance.as_ref())
             .map(|(_, ledger)| ledger.delivered.difference(&ledger.durable).count())
             .sum()
+    }
+
+    /// When the application took `instance`'s first and latest delivery.
+    pub fn delivery_span(&self, instance: &str) -> Option<(Instant, Instant)> {
+        let inner = self.lock();
+        let ledger = inner.instances.get(instance)?;
+        Some((ledger.first_at?, ledger.last_at?))
+    }
+
+    /// How many times `id` was delivered.
+    pub fn deliveries_of(&self, id: &str) -> u32 {
+        self.lock().delivered.get(id).copied().unwrap_or(0)
     }
 
     /// Event ids answered DURABLE so far.

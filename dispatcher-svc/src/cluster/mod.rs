@@ -378,9 +378,38 @@ impl Cluster {
     /// Registration, keep-alive and fencing, until shutdown.
     async fn membership(self: Arc<Self>, shared: Weak<Shared>, shutdown: CancellationToken) {
         let mut backoff = Backoff::default();
+        // A lease given up while etcd was unreachable: revoked before registering again, so
+        // the homes it held (and our own record) go at once instead of after its TTL — etcd
+        // extends every lease when it restarts.
+        let mut abandoned: Option<i64> = None;
         loop {
             if shutdown.is_cancelled() {
                 return;
+            }
+            if let Some(old) = abandoned {
+                let mut client = self.client.clone();
+                match bounded(
+                    self.call_timeout,
+                    "a lease revoke",
+                    client.lease_revoke(old),
+                )
+                .await
+                {
+                    // Revoked, or already gone (etcd answers NOT_FOUND for an expired lease).
+                    Ok(_) => abandoned = None,
+                    Err(ClusterError::Etcd(etcd_client::Error::GRpcStatus(status)))
+                        if status.code() == tonic::Code::NotFound =>
+                    {
+                        abandoned = None;
+                    }
+                    Err(error) => {
+                        tracing::debug!(%error, "revoking the abandoned lease failed; retrying");
+                        tokio::select! {
+                            () = tokio::time::sleep(backoff.next_delay()) => continue,
+                            () = shutdown.cancelled() => return,
+                        }
+                    }
+                }
             }
             let lease = match self.lease() {
                 Some(lease) => lease,
@@ -409,13 +438,7 @@ impl Cluster {
                     "home lease lost ({why}); reconnect (Recommend names the group's new home)"
                 )));
             }
-            let mut client = self.client.clone();
-            let _ = bounded(
-                self.call_timeout,
-                "a lease revoke",
-                client.lease_revoke(lease),
-            )
-            .await;
+            abandoned = Some(lease);
         }
     }
 
