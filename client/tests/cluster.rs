@@ -13,9 +13,11 @@ use std::time::{Duration, Instant};
 
 use eventmesh_client::local::{LocalConfig, LocalInstance, Service};
 use eventmesh_client::{Client, ClientConfig, Event, StartPosition, SubscribeOptions};
+use eventmesh_proto::client::admin_service_client::AdminServiceClient;
 use eventmesh_proto::client::event_mesh_service_client::EventMeshServiceClient;
 use eventmesh_proto::client::{
-    Open, RecommendRequest, SubscribeRequest, SubscriptionMode, subscribe_request,
+    Open, RecommendRequest, ResetOffsetsRequest, SubscribeRequest, SubscriptionMode,
+    reset_offsets_request, subscribe_request,
 };
 use eventmesh_testkit::{Etcd, KafkaBroker};
 use support::{Ledger, spawn_consumer};
@@ -402,6 +404,43 @@ async fn one_group_has_one_home() {
     let _ = stop_two.send(true);
     one.await.unwrap().close().await;
     two.await.unwrap().close().await;
+
+    // An operator's reset through the instance that never served the group: it takes the
+    // home for the reset and lowers the mirrored record too, so the group starts over.
+    let home_key = format!("/em/groups/{topic}/g");
+    eventually("home released", Duration::from_secs(10), || {
+        etcd_get(&etcd, &home_key).is_none()
+    })
+    .await;
+    let mut admin = AdminServiceClient::connect(other.instance.endpoint())
+        .await
+        .unwrap();
+    let answer = admin
+        .reset_offsets(ResetOffsetsRequest {
+            topic: topic.clone(),
+            target: Some(reset_offsets_request::Target::Group("g".into())),
+            partition: String::new(),
+            offset: -1,
+            reason: "test".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(
+        !answer.changed.is_empty(),
+        "the moved group's progress was reset"
+    );
+    let record = etcd_prefix(&etcd, &format!("/em/watermarks/{topic}/g/"));
+    assert!(!record.is_empty());
+    assert!(record.values().all(|v| v == "-1"), "{record:?}");
+    let mut again = at_b.subscribe(options()).await.unwrap();
+    let replayed = tokio::time::timeout(Duration::from_secs(30), again.next())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    replayed.ack();
+    again.close().await;
 }
 
 /// A subscription of group `g` under steady load: a publisher of `events` ids and a consumer

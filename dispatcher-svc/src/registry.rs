@@ -556,7 +556,7 @@ impl Shared {
                 .collect();
             cluster
                 .mirror()
-                .write_creation(cluster, key, &start_watermarks)
+                .record(cluster, key, &start_watermarks)
                 .await?;
         }
         let generation = self.attach(key, &positions).await?;
@@ -689,9 +689,28 @@ impl Shared {
                 .cloned()
                 .collect(),
         };
+        // In a cluster a group's progress also lives in its mirrored record: the reset is made
+        // at the group's home (claimed for it here when it has none), applied to the record
+        // too, so a move never brings the old progress back.
+        let mirrored = match (&self.cluster, &client) {
+            (Some(cluster), OffsetClient::MqCursor(group)) => {
+                let key = GroupKey {
+                    topic: topic.clone(),
+                    group: group.clone(),
+                };
+                cluster.claim_home(&key).await?;
+                Some((cluster, key))
+            }
+            _ => None,
+        };
         let status = tonic::Status::unavailable(format!(
             "offsets of topic {topic} are being reset by an operator ({reason}); reconnect"
         ));
+        if let Some((cluster, key)) = &mirrored
+            && let Recorded::Moved(recorded) = cluster.mirror().read(cluster, key).await?
+        {
+            self.raise_to_record(key, &recorded).await?;
+        }
         let Some(sessions) = self.stop_for_change(&keys, status).await else {
             return Err(DispatcherError::dependency(
                 "offset-svc",
@@ -723,7 +742,20 @@ impl Shared {
                     entry.offset,
                 )
             })
-            .collect();
+            .collect::<Vec<(String, i64)>>();
+        if let Some((cluster, key)) = &mirrored {
+            let reset = previous
+                .iter()
+                .filter_map(|(partition, _)| {
+                    Some((PartitionId::new(partition.clone()).ok()?, offset))
+                })
+                .collect();
+            let recorded = cluster.mirror().record(cluster, key, &reset).await;
+            if self.group(key).is_none() {
+                cluster.release_home(key).await;
+            }
+            recorded?;
+        }
         tracing::warn!(%topic, %client, offset, reason, sessions, "operator reset applied; the groups concerned start again from it");
         Ok((previous, sessions))
     }
@@ -759,6 +791,7 @@ impl Shared {
             tracing::error!(group = %key, "the group's writes did not become durable in time; the rewind is tried again when the group is next created");
             return;
         }
+        let mut rewound = BTreeMap::new();
         for (partition, start, past) in targets {
             let reason = format!(
                 "dispatcher {}: partition {partition} of {} restarted below group {}'s position {} (log {}..{}); rewound to the log start",
@@ -782,6 +815,7 @@ impl Shared {
                 Ok(_) => {
                     metrics::counter!("dispatcher_partition_rewinds_total", "topic" => key.topic.to_string())
                         .increment(1);
+                    rewound.insert(partition.clone(), start - 1);
                 }
                 Err(status) => {
                     // The group finds the partition past its end again when it is next
@@ -789,6 +823,15 @@ impl Shared {
                     tracing::error!(group = %key, %partition, code = ?status.code(), message = status.message(), "rewinding the group's watermark failed; tried again when the group is next created");
                 }
             }
+        }
+        // The mirrored record goes down too, or the group's next creation would raise its
+        // watermark back above the log end. (The home is still ours: its release waits for
+        // group creation, held here.)
+        if let Some(cluster) = &self.cluster
+            && !rewound.is_empty()
+            && let Err(error) = cluster.mirror().record(cluster, &key, &rewound).await
+        {
+            tracing::error!(group = %key, %error, "rewinding the group's mirrored record failed; the group may find its partitions past their end again and rewind again");
         }
     }
 }

@@ -49,6 +49,9 @@ pub struct Mirror {
     keys: Keys,
     progress: bool,
     dirty: Mutex<HashMap<GroupKey, BTreeMap<PartitionId, i64>>>,
+    /// Held by a round of progress writes and by an overwrite, so a round that took a group's
+    /// old progress cannot land after an operator's reset of it.
+    writing: tokio::sync::Mutex<()>,
 }
 
 impl Mirror {
@@ -58,6 +61,7 @@ impl Mirror {
             keys,
             progress,
             dirty: Mutex::default(),
+            writing: tokio::sync::Mutex::new(()),
         }
     }
 
@@ -130,13 +134,26 @@ impl Mirror {
         Ok(Recorded::Moved(watermarks))
     }
 
-    /// Writes `key`'s creation record, guarded by its home: before the group's first delivery.
-    pub async fn write_creation(
+    /// Writes `key`'s record as given, guarded by its home: the creation record (before the
+    /// group's first delivery), and after an operator's reset or a rewind (values may go
+    /// down: progress of the group not yet mirrored is dropped first).
+    pub async fn record(
         &self,
         cluster: &Cluster,
         key: &GroupKey,
         watermarks: &BTreeMap<PartitionId, i64>,
     ) -> Result<(), ClusterError> {
+        let _writing = self.writing.lock().await;
+        if let Some(dirty) = self
+            .dirty
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get_mut(key)
+        {
+            for partition in watermarks.keys() {
+                dirty.remove(partition);
+            }
+        }
         let mut client = cluster.client();
         for chunk in watermarks
             .iter()
@@ -184,6 +201,7 @@ impl Mirror {
     /// Writes what changed since the last round. Returns (groups written, groups whose guard
     /// failed); what failed for etcd's sake is kept for the next round.
     pub async fn flush(&self, cluster: &Cluster) -> Result<(usize, usize), ClusterError> {
+        let _writing = self.writing.lock().await;
         let dirty = self.take_dirty();
         if dirty.is_empty() {
             return Ok((0, 0));
