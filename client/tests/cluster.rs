@@ -400,6 +400,36 @@ async fn one_group_has_one_home() {
         count.duplicates, 0,
         "once per group, not once per instance: {count:?}"
     );
+
+    // `emctl cluster` at either instance: both live, and the group's home.
+    let output = Command::new(env!("CARGO_BIN_EXE_emctl"))
+        .args(["cluster", "--json", "--endpoint"])
+        .arg(other.instance.endpoint())
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{output:?}");
+    let view: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    let ids: Vec<&str> = view["instances"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|i| i["instance_id"].as_str())
+        .collect();
+    assert!(ids.contains(&"home-a") && ids.contains(&"home-b"), "{view}");
+    let homes = view["homes"].as_array().unwrap();
+    assert!(
+        homes.iter().any(|h| h["topic"] == topic.as_str()
+            && h["group"] == "g"
+            && h["instance_id"] == home.as_str()),
+        "{view}"
+    );
+    let table = Command::new(env!("CARGO_BIN_EXE_emctl"))
+        .args(["cluster", "--endpoint"])
+        .arg(other.instance.endpoint())
+        .output()
+        .unwrap();
+    eprintln!("{}", String::from_utf8_lossy(&table.stdout));
+
     let _ = stop_one.send(true);
     let _ = stop_two.send(true);
     one.await.unwrap().close().await;

@@ -1,6 +1,6 @@
 //! The operator's `eventmesh.v1.AdminService`: offset resets routed through the dispatcher,
 //! the only writer of a group's progress, so no live group writes over them
-//! ([`crate::registry::Shared::reset_offsets`]).
+//! ([`crate::registry::Shared::reset_offsets`]); the cluster as this instance sees it.
 
 use std::sync::Arc;
 
@@ -11,18 +11,21 @@ use eventmesh_proto::client::admin_service_server::AdminService;
 use eventmesh_proto::client::reset_offsets_request::Target;
 use tonic::{Request, Response, Status};
 
+use crate::cluster::keys::parse_group_path;
+use crate::cluster::now_millis;
 use crate::registry::Shared;
 
 /// The service.
 #[derive(Clone)]
 pub struct AdminGrpc {
     shared: Arc<Shared>,
+    advertise: String,
 }
 
 impl AdminGrpc {
-    /// Serves over `shared`.
-    pub fn new(shared: Arc<Shared>) -> Self {
-        AdminGrpc { shared }
+    /// Serves over `shared`; `advertise` is this instance's client-facing address.
+    pub fn new(shared: Arc<Shared>, advertise: String) -> Self {
+        AdminGrpc { shared, advertise }
     }
 }
 
@@ -81,6 +84,71 @@ impl AdminService for AdminGrpc {
                 })
                 .collect(),
             sessions_ended,
+        }))
+    }
+
+    async fn describe_cluster(
+        &self,
+        _request: Request<pb::DescribeClusterRequest>,
+    ) -> Result<Response<pb::DescribeClusterResponse>, Status> {
+        let shared = &self.shared;
+        let Some(cluster) = &shared.cluster else {
+            let load = shared.meter.sample();
+            return Ok(Response::new(pb::DescribeClusterResponse {
+                instance_id: shared.instance_id.clone(),
+                clustered: false,
+                instances: vec![pb::InstanceLoad {
+                    instance_id: shared.instance_id.clone(),
+                    address: self.advertise.clone(),
+                    load_known: true,
+                    active_sessions: load.active_sessions,
+                    inflow_bytes_per_sec: load.inflow_bytes_per_sec,
+                    outflow_bytes_per_sec: load.outflow_bytes_per_sec,
+                    cpu_load: load.cpu_load,
+                    reported_unix_ms: now_millis() as i64,
+                    score: load.score(),
+                }],
+                homes: Vec::new(),
+            }));
+        };
+        let description = cluster.describe();
+        let instances = description
+            .instances
+            .into_iter()
+            .map(|(instance_id, record)| {
+                let load = record.load.unwrap_or_default();
+                pb::InstanceLoad {
+                    instance_id,
+                    score: record.score(),
+                    address: record.address,
+                    load_known: record.load.is_some(),
+                    active_sessions: load.active_sessions,
+                    inflow_bytes_per_sec: load.inflow_bytes_per_sec,
+                    outflow_bytes_per_sec: load.outflow_bytes_per_sec,
+                    cpu_load: load.cpu_load,
+                    reported_unix_ms: record.ts_millis as i64,
+                }
+            })
+            .collect();
+        let homes = description
+            .homes
+            .into_iter()
+            .filter_map(|(path, value)| {
+                let (topic, group) = parse_group_path(&path)?;
+                let (instance_id, address) = value.split_once('|')?;
+                Some(pb::GroupHome {
+                    topic,
+                    group,
+                    instance_id: instance_id.to_owned(),
+                    address: address.to_owned(),
+                })
+            })
+            .collect();
+        Ok(Response::new(pb::DescribeClusterResponse {
+            instance_id: shared.instance_id.clone(),
+            clustered: true,
+            instances,
+            homes,
         }))
     }
 }

@@ -164,13 +164,16 @@ pub async fn start(
     }
     let (health, router) = grpc::standard_router(&[eventmesh_proto::FILE_DESCRIPTOR_SET])
         .map_err(|err| ServerError::Task(err.to_string()))?;
-    let service = EventMeshGrpc::new(Arc::clone(&shared), advertise, shutdown.clone());
+    let service = EventMeshGrpc::new(Arc::clone(&shared), advertise.clone(), shutdown.clone());
     let router = router.add_service(
         EventMeshServiceServer::new(service)
             .max_decoding_message_size(MAX_MESSAGE_BYTES)
             .max_encoding_message_size(MAX_MESSAGE_BYTES),
     );
-    let router = router.add_service(AdminServiceServer::new(AdminGrpc::new(Arc::clone(&shared))));
+    let router = router.add_service(AdminServiceServer::new(AdminGrpc::new(
+        Arc::clone(&shared),
+        advertise,
+    )));
     let name = <EventMeshServiceServer<EventMeshGrpc> as NamedService>::NAME;
     grpc::mark_serving(&health, name).await;
     // Readiness follows the offset writer.

@@ -126,6 +126,17 @@ pub fn group_path(topic: &Topic, group: Option<&GroupName>) -> String {
     format!("{}/{group}", encode_segment(topic.as_str()))
 }
 
+/// The inverse of [`group_path`]: `(topic, group)` with the default group as `""`.
+pub fn parse_group_path(path: &str) -> Option<(String, String)> {
+    let (topic, group) = path.split_once('/')?;
+    let group = if group == DEFAULT_GROUP_SEGMENT {
+        String::new()
+    } else {
+        decode_segment(group)?
+    };
+    Some((decode_segment(topic)?, group))
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
@@ -171,5 +182,14 @@ mod tests {
             keys.home_path_of("/em/groups/a%2Fb/g.1").unwrap(),
             group_path(&topic, Some(&group))
         );
+        assert_eq!(
+            parse_group_path(&group_path(&topic, None)).unwrap(),
+            ("a/b".to_owned(), String::new())
+        );
+        assert_eq!(
+            parse_group_path(&group_path(&topic, Some(&broadcast))).unwrap(),
+            ("a/b".to_owned(), "~c-1".to_owned())
+        );
+        assert_eq!(parse_group_path("no-slash"), None);
     }
 }

@@ -2,6 +2,7 @@
 //! the end-to-end demo. `emctl --help` and `emctl <command> --help` describe everything.
 
 mod bench;
+mod cluster;
 mod demo;
 mod offsets;
 mod pubsub;
@@ -33,6 +34,8 @@ enum Command {
     Offsets(offsets::OffsetsArgs),
     /// Operator: set stored offsets of a topic (asks for confirmation).
     ResetOffsets(offsets::ResetArgs),
+    /// The cluster's live instances with their load, and each group's home instance.
+    Cluster(cluster::ClusterArgs),
     /// Bring an instance up, publish and consume N events, SIGKILL a service part-way and
     /// restart it, then count what happened.
     Demo(demo::DemoArgs),
@@ -56,6 +59,7 @@ async fn main() -> anyhow::Result<()> {
         Command::Subscribe(args) => pubsub::subscribe(args).await,
         Command::Offsets(args) => offsets::show(args).await,
         Command::ResetOffsets(args) => offsets::reset(args).await,
+        Command::Cluster(args) => cluster::run(args).await,
         // Dropping the run on a signal drops its local instance, which kills the services.
         Command::Demo(args) => until_signal(demo::run(args)).await,
         Command::Bench(args) => until_signal(bench::run(args)).await,
