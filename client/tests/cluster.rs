@@ -306,6 +306,33 @@ async fn registration_follows_the_lease() {
     assert_eq!(home_lease, lease, "the home is under the instance's lease");
     let record = etcd_prefix(&etcd, "/em/watermarks/a%2Fb/g/");
     assert!(!record.is_empty(), "the group's start is recorded");
+
+    // The home key made to name another instance (an operator, or a split brain): the group
+    // is given up at once; once the key is gone the subscription is served here again.
+    let before = subscription.session().unwrap().session_id;
+    etcdctl(
+        &etcd,
+        &["put", "/em/groups/a%2Fb/g", "elsewhere|127.0.0.1:9"],
+    );
+    eventually("the group given up", Duration::from_secs(10), || {
+        subscription
+            .session()
+            .is_none_or(|session| session.session_id != before)
+    })
+    .await;
+    etcdctl(&etcd, &["del", "/em/groups/a%2Fb/g"]);
+    sdk.publish("a/b", event(1)).await.unwrap();
+    loop {
+        let next = tokio::time::timeout(Duration::from_secs(30), subscription.next())
+            .await
+            .expect("served again after the foreign home key went")
+            .unwrap()
+            .unwrap();
+        next.ack();
+        if next.event.id == event(1).id {
+            break;
+        }
+    }
     subscription.close().await;
     // The home goes with the group (grace period 500 ms).
     eventually("home released", Duration::from_secs(10), || {
@@ -322,6 +349,13 @@ async fn registration_follows_the_lease() {
         error.contains("registered by another live instance"),
         "{error}"
     );
+
+    // A configuration error at start names the key.
+    let bad = try_node("reg-bad", &etcd, None, &["--etcd-prefix", "em"]).await;
+    let Err(error) = bad else {
+        panic!("started with a prefix not starting with /")
+    };
+    assert!(error.contains("etcd_prefix"), "{error}");
 
     // SIGTERM: gone at once.
     let stopped = Instant::now();
