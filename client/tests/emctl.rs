@@ -205,3 +205,63 @@ async fn help_renders_the_placeholder_and_offsets_read_large_topics() {
     assert_eq!(clients, 80_000);
     instance.stop(std::time::Duration::from_secs(10)).await;
 }
+
+/// One small row of `emctl bench --json`, as the bench prints it.
+fn bench_row(output: &Output) -> serde_json::Value {
+    let stdout = ok(output);
+    let line = stdout.lines().last().unwrap_or_default();
+    serde_json::from_str(line).unwrap_or_else(|error| panic!("{error}: {stdout}"))
+}
+
+/// `emctl bench` runs a whole (small) round on both backends, twice against one broker, and
+/// reports every event delivered and ACKed. On Kafka it once failed at its first publish (the
+/// puller creates Kafka topics only when told to); each run names its own topics, so a second
+/// run against the same broker starts on empty ones.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bench_runs_on_the_local_log_and_twice_on_one_kafka_broker() {
+    let kafka = eventmesh_testkit::KafkaBroker::get();
+    let dir = tempfile::tempdir().unwrap();
+    let data_dir = dir.path().to_str().unwrap();
+    let small = [
+        "bench",
+        "--events",
+        "300",
+        "--sizes",
+        "64",
+        "--streams",
+        "2",
+        "--json",
+        "--data-dir",
+        data_dir,
+    ];
+    let run = |extra: &[&str]| {
+        let output = Command::new(env!("CARGO_BIN_EXE_emctl"))
+            .args(small)
+            .args(extra)
+            .output()
+            .unwrap();
+        bench_row(&output)
+    };
+    let local = run(&[]);
+    let kafka_args = ["--backend", "kafka", "--kafka-bootstrap", kafka.bootstrap()];
+    let kafka_rows = [run(&kafka_args), run(&kafka_args)];
+    for row in std::iter::once(&local).chain(&kafka_rows) {
+        assert_eq!(row["events"], 300, "{row}");
+        assert_eq!(row["streams"], 2, "{row}");
+        for rate in [
+            "publish_per_sec",
+            "raw_pull_per_sec",
+            "e2e_per_sec",
+            "half_rate_per_sec",
+        ] {
+            assert!(row[rate].as_f64().unwrap() > 0.0, "{rate}: {row}");
+        }
+        assert!(
+            row["full_ack_p99_ms"].as_f64().unwrap() >= row["full_ack_p50_ms"].as_f64().unwrap()
+        );
+    }
+    assert_eq!(local["backend"], "local");
+    assert_eq!(kafka_rows[1]["backend"], "kafka");
+    // The run's data directory is removed afterwards.
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+}

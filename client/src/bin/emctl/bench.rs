@@ -101,6 +101,15 @@ pub struct Row {
 
 pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     let run_dir = args.data_dir.join(format!("bench-{}", std::process::id()));
+    // Topics are named per run so that a second run against the same broker starts on empty
+    // topics (a Kafka broker outlives the bench's data directory).
+    let run_tag = format!(
+        "{:x}",
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|since| since.as_millis())
+            .unwrap_or_default()
+    );
     let mut config = LocalConfig::new(&run_dir)
         .args(Service::Puller, ["--start", "earliest"])
         .args(
@@ -125,11 +134,15 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
                 "kafka".to_owned(),
                 "--kafka-bootstrap".to_owned(),
                 bootstrap,
+                // Every round publishes to a fresh topic; on Kafka the puller creates topics
+                // only when told to.
+                "--auto-create-topics".to_owned(),
+                "true".to_owned(),
             ],
         );
     }
     let mut instance = LocalInstance::start(config).await?;
-    let outcome = bench_all(&args, &mut instance).await;
+    let outcome = bench_all(&args, &mut instance, &run_tag).await;
     instance.stop(Duration::from_secs(15)).await;
     if !args.perf {
         let _ = std::fs::remove_dir_all(&run_dir);
@@ -137,7 +150,11 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     outcome
 }
 
-async fn bench_all(args: &BenchArgs, instance: &mut LocalInstance) -> anyhow::Result<()> {
+async fn bench_all(
+    args: &BenchArgs,
+    instance: &mut LocalInstance,
+    run_tag: &str,
+) -> anyhow::Result<()> {
     let client = Client::connect(
         ClientConfig::new("bench")
             .endpoint(instance.endpoint())
@@ -163,7 +180,7 @@ async fn bench_all(args: &BenchArgs, instance: &mut LocalInstance) -> anyhow::Re
     }
     for &size in &args.sizes {
         for &streams in &args.streams {
-            let row = bench_one(args, instance, &client, size, streams, first).await?;
+            let row = bench_one(args, instance, &client, run_tag, size, streams, first).await?;
             first = false;
             if args.json {
                 println!("{}", serde_json::to_string(&row)?);
@@ -197,11 +214,12 @@ async fn bench_one(
     args: &BenchArgs,
     instance: &mut LocalInstance,
     client: &Client,
+    run_tag: &str,
     size: usize,
     streams: usize,
     profile: bool,
 ) -> anyhow::Result<Row> {
-    let topic = format!("bench-{size}-{streams}");
+    let topic = format!("bench-{run_tag}-{size}-{streams}");
     let events = args.events;
     // 1. Preload.
     let started = Instant::now();
@@ -241,7 +259,7 @@ async fn bench_one(
     let (half_rate_per_sec, half_ack_p50_ms, half_ack_p99_ms) = if args.no_half_load {
         (0.0, 0.0, 0.0)
     } else {
-        let topic = format!("bench-half-{size}-{streams}");
+        let topic = format!("bench-half-{run_tag}-{size}-{streams}");
         let rate = e2e_per_sec / 2.0;
         let half_events = (events / 2).max(1);
         // Create the topic so the group can start before the first publish.
