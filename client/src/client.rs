@@ -124,6 +124,127 @@ impl Client {
         })
     }
 
+    /// Publishes many events to `topic` in one call (`(key, event)`; an empty key lets the
+    /// backend spread them) and answers each, in order. Empty event ids are filled first, and
+    /// the same retry rule as [`publish_with_key`](Self::publish_with_key) holds per event:
+    /// events answered with a transient error (a failed write, the instance going away) are
+    /// sent again, with their ids and in their order, until the retry deadline; a refused
+    /// event (reserved attribute, too large) is answered with its error at once while the
+    /// others are stored. `Err` only when nothing could be sent at all (unreachable, a bad
+    /// topic, more than 10,000 events, a batch over the 9 MiB message limit).
+    ///
+    /// For a steady stream of events use a [`Publisher`](crate::Publisher), which batches and
+    /// pipelines on its own.
+    pub async fn publish_batch(
+        &self,
+        topic: &str,
+        events: Vec<(String, pb::Event)>,
+    ) -> Result<Vec<Result<Published, ClientError>>, ClientError> {
+        let entries: Vec<pb::PublishEntry> = events
+            .into_iter()
+            .map(|(key, mut event)| {
+                if event.id.is_empty() {
+                    event.id = new_event_id();
+                }
+                pb::PublishEntry {
+                    event: Some(event),
+                    key,
+                }
+            })
+            .collect();
+        let mut results: Vec<Option<Result<Published, ClientError>>> =
+            entries.iter().map(|_| None).collect();
+        let mut unanswered: Vec<usize> = (0..entries.len()).collect();
+        let started = Instant::now();
+        let mut backoff = Backoff::new(&self.inner.config);
+        let mut first_round = true;
+        while !unanswered.is_empty() {
+            let request = pb::PublishBatchRequest {
+                topic: topic.to_owned(),
+                entries: unanswered.iter().map(|&i| entries[i].clone()).collect(),
+            };
+            let answer = self
+                .inner
+                .call("publish", |mut service| {
+                    let request = request.clone();
+                    async move { service.publish_batch(request).await }
+                })
+                .await;
+            let answer = match answer {
+                Ok(answer) if answer.outcomes.len() == unanswered.len() => answer,
+                Ok(answer) => Err(ClientError::Refused {
+                    operation: "publish",
+                    status: tonic::Status::internal(format!(
+                        "{} answers to a batch of {}",
+                        answer.outcomes.len(),
+                        unanswered.len()
+                    )),
+                })?,
+                // Nothing was stored by this call: the whole batch fails only when it is
+                // the first; later, the events still unanswered carry the error.
+                Err(error) if first_round => return Err(error),
+                Err(error) => {
+                    for &i in &unanswered {
+                        results[i] = Some(Err(error.for_each_event()));
+                    }
+                    break;
+                }
+            };
+            first_round = false;
+            let out_of_time = started.elapsed() >= self.inner.config.retry_deadline;
+            let mut again = Vec::new();
+            for (&i, outcome) in unanswered.iter().zip(answer.outcomes) {
+                results[i] = match outcome.outcome {
+                    Some(pb::publish_outcome::Outcome::Stored(stored)) => Some(Ok(Published {
+                        partition: stored.partition,
+                        offset: stored.offset,
+                        event_id: stored.event_id,
+                    })),
+                    Some(pb::publish_outcome::Outcome::Error(refused)) => {
+                        let status = tonic::Status::new(refused.code.into(), refused.message);
+                        if is_transient_status(&status) && !out_of_time {
+                            again.push(i);
+                            None
+                        } else {
+                            Some(Err(ClientError::Refused {
+                                operation: "publish",
+                                status,
+                            }))
+                        }
+                    }
+                    None => Some(Err(ClientError::Refused {
+                        operation: "publish",
+                        status: tonic::Status::internal("an empty answer"),
+                    })),
+                };
+            }
+            if !again.is_empty() {
+                tracing::debug!(
+                    events = again.len(),
+                    "events of a batch failed transiently; retrying them"
+                );
+                let remaining = self
+                    .inner
+                    .config
+                    .retry_deadline
+                    .saturating_sub(started.elapsed());
+                tokio::time::sleep(backoff.next_wait().min(remaining)).await;
+            }
+            unanswered = again;
+        }
+        Ok(results
+            .into_iter()
+            .map(|result| {
+                result.unwrap_or_else(|| {
+                    Err(ClientError::Refused {
+                        operation: "publish",
+                        status: tonic::Status::internal("not answered"),
+                    })
+                })
+            })
+            .collect())
+    }
+
     /// Opens a subscription. The first session is opened before this returns, so a refused
     /// open (bad topic, client id, group) is an error here; later breaks are healed inside the
     /// subscription (reconnect with backoff, failover).

@@ -45,6 +45,23 @@ impl ClientError {
             ClientError::Config(_) | ClientError::Closed => false,
         }
     }
+
+    /// A copy of this error for each of several events it failed together.
+    pub(crate) fn for_each_event(&self) -> ClientError {
+        match self {
+            ClientError::Config(why) => ClientError::Config(why.clone()),
+            ClientError::Unreachable { waited, last } => ClientError::Unreachable {
+                waited: *waited,
+                last: last.clone(),
+            },
+            ClientError::Refused { operation, status } => ClientError::Refused {
+                operation,
+                status: status.clone(),
+            },
+            ClientError::Interrupted => ClientError::Interrupted,
+            ClientError::Closed => ClientError::Closed,
+        }
+    }
 }
 
 /// Statuses that say "try again, maybe elsewhere" rather than "this request is wrong".

@@ -52,12 +52,14 @@ mod client;
 mod config;
 mod error;
 pub mod local;
+mod publisher;
 mod subscription;
 
 pub use client::{Client, Published, new_event_id};
 pub use config::{ClientConfig, DEFAULT_ENDPOINT};
 pub use error::ClientError;
 pub use eventmesh_proto::client::Event;
+pub use publisher::{PendingPublish, Publisher, PublisherOptions};
 
 /// The largest event payload (`Event::data`) a Publish accepts: 8 MiB.
 pub const MAX_EVENT_DATA_BYTES: usize = 8 * 1024 * 1024;

@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 
 use eventmesh_client::local::{LocalConfig, LocalInstance, Service};
 use eventmesh_client::{
-    AckOutcome, Client, ClientConfig, ClientError, Event, StartPosition, SubscribeOptions,
-    Subscription,
+    AckOutcome, Client, ClientConfig, ClientError, Event, Publisher, PublisherOptions,
+    StartPosition, SubscribeOptions, Subscription,
 };
 use support::*;
 
@@ -256,4 +256,105 @@ async fn no_reachable_endpoint_is_a_clear_error_after_the_deadline() {
     assert!(started.elapsed() < Duration::from_secs(10));
     let error = Client::connect(ClientConfig::new("")).await.unwrap_err();
     assert!(matches!(error, ClientError::Config(_)), "{error}");
+}
+
+/// A batch answers each event on its own (a refused one names its entry, the others are
+/// stored), a bad topic refuses the whole batch, and a [`Publisher`] with thousands of events in
+/// flight stores each once — every one delivered — and keeps a key's order when one batch is in
+/// flight at a time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batch_publish_answers_each_event_and_a_publisher_pipelines() {
+    let dir = tempfile::tempdir().unwrap();
+    let instance = instance(dir.path()).await;
+    let client = Client::connect(ClientConfig::new("batcher").endpoint(instance.endpoint()))
+        .await
+        .unwrap();
+    let topic = "batched";
+
+    let mut reserved = event(1);
+    reserved.attributes.insert("emx".into(), "1".into());
+    let mut no_id = event(3);
+    no_id.id.clear();
+    let results = client
+        .publish_batch(
+            topic,
+            vec![
+                (String::new(), event(0)),
+                (String::new(), reserved),
+                ("k".into(), event(2)),
+                (String::new(), no_id),
+            ],
+        )
+        .await
+        .unwrap();
+    assert_eq!(results.len(), 4);
+    assert_eq!(results[0].as_ref().unwrap().event_id, event_id(0));
+    match &results[1] {
+        Err(ClientError::Refused { status, .. }) => {
+            assert_eq!(status.code(), tonic::Code::InvalidArgument);
+            assert!(status.message().contains("entries[1]"), "{status:?}");
+        }
+        other => panic!("a reserved attribute is refused: {other:?}"),
+    }
+    assert_eq!(results[2].as_ref().unwrap().event_id, event_id(2));
+    let generated = results[3].as_ref().unwrap().event_id.clone();
+    assert!(!generated.is_empty());
+
+    let error = client
+        .publish_batch("bad#topic", vec![(String::new(), event(9))])
+        .await
+        .unwrap_err();
+    assert!(!error.is_transient(), "{error}");
+    assert!(error.to_string().contains("topic"), "{error}");
+
+    // Thousands in flight through one publisher: each stored once, at its own offset.
+    let publisher = Publisher::new(client.clone(), topic, PublisherOptions::default());
+    let mut pending = Vec::new();
+    for n in 100..5_100 {
+        pending.push(publisher.submit("", event(n)).await.unwrap());
+    }
+    let mut stored = std::collections::HashSet::new();
+    for answer in pending {
+        let published = answer.wait().await.unwrap();
+        assert!(stored.insert((published.partition, published.offset)));
+    }
+    assert_eq!(stored.len(), 5_000);
+
+    let mut subscription = subscribe_earliest(&client, topic).await;
+    let mut seen = std::collections::HashSet::new();
+    consume_distinct(&mut subscription, &mut seen, 5_003, Duration::from_secs(60)).await;
+    for n in [0, 2].into_iter().chain(100..5_100) {
+        assert!(seen.contains(&event_id(n)), "event {n} delivered");
+    }
+    assert!(seen.contains(&generated));
+    assert!(
+        !seen.contains(&event_id(1)),
+        "the refused event was not stored"
+    );
+
+    // One batch in flight at a time: a key's events keep their submit order.
+    let ordered = Publisher::new(
+        client.clone(),
+        topic,
+        PublisherOptions {
+            max_batch_events: 3,
+            max_in_flight_batches: 1,
+            ..PublisherOptions::default()
+        },
+    );
+    let mut pending = Vec::new();
+    for n in 10_000..10_020 {
+        pending.push(ordered.submit("order", event(n)).await.unwrap());
+    }
+    let mut offsets = Vec::new();
+    for answer in pending {
+        let published = answer.wait().await.unwrap();
+        offsets.push((published.partition, published.offset));
+    }
+    assert!(
+        offsets
+            .windows(2)
+            .all(|w| w[0].0 == w[1].0 && w[0].1 < w[1].1),
+        "{offsets:?}"
+    );
 }

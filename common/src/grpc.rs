@@ -17,7 +17,7 @@
 //!   keepalive while idle too (a frozen neighbour, e.g. SIGSTOPped, is noticed in about
 //!   [`KEEPALIVE_INTERVAL`] + [`KEEPALIVE_TIMEOUT`]) and a deadline on every call.
 //! * Message limits ([`pull_response_limit`], [`PUBLISH_REQUEST_LIMIT`],
-//!   [`OFFSETS_MESSAGE_LIMIT`]): every internal client and server sizes its limits from the frame
+//!   [`PUBLISH_BATCH_REQUEST_LIMIT`], [`OFFSETS_MESSAGE_LIMIT`]): every internal client and server sizes its limits from the frame
 //!   limits and the pull size, never tonic's 4 MiB default.
 
 use std::net::SocketAddr;
@@ -72,6 +72,13 @@ pub fn pull_response_limit(max_records: usize, max_bytes: usize) -> usize {
 /// frame limit plus the envelope) with its key and the request around it.
 pub const PUBLISH_REQUEST_LIMIT: usize =
     FrameLimits::STAMPED.max_frame_bytes + 128 * 1024 + MAX_RECORD_KEY_BYTES;
+
+/// Most records (events) one publish batch carries.
+pub const MAX_PUBLISH_BATCH: usize = 10_000;
+/// The largest PublishBatch request between services: a client's batch at the dispatcher's
+/// message limit (17 MiB) once each of up to [`MAX_PUBLISH_BATCH`] events got the runtime's
+/// stamps and framing (well under 1 KiB each) — under twice the single-record limit.
+pub const PUBLISH_BATCH_REQUEST_LIMIT: usize = 2 * PUBLISH_REQUEST_LIMIT;
 
 /// The largest offset-svc message (a topic's offsets for every client, a merged write batch).
 /// Writers split batches well below it.

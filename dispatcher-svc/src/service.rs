@@ -25,10 +25,13 @@ use eventmesh_proto::client::{
     AckOutcome, StartPosition, SubscribeRequest, SubscribeResponse, SubscriptionMode,
     subscribe_request, subscribe_response,
 };
+use eventmesh_proto::puller::PublishBatchRequest as PullerPublishBatch;
 use eventmesh_proto::puller::PublishRequest as PullerPublish;
+use eventmesh_proto::puller::puller_service_client::PullerServiceClient;
 use futures::{Stream, StreamExt};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
+use tonic::transport::Channel;
 use tonic::{Request, Response, Status, Streaming};
 use tracing::Instrument;
 
@@ -59,6 +62,79 @@ impl EventMeshGrpc {
             advertise,
             shutdown,
         }
+    }
+
+    /// Sends a publish to the puller; on NOT_FOUND creates the topic (idempotent, nothing was
+    /// stored) and sends once more.
+    async fn publish_creating_topic<T, F, Fut>(
+        &self,
+        topic: &Topic,
+        mut send: F,
+    ) -> Result<T, DispatcherError>
+    where
+        F: FnMut(PullerServiceClient<Channel>) -> Fut,
+        Fut: std::future::Future<Output = Result<Response<T>, Status>>,
+    {
+        let puller = self.shared.puller();
+        let puller_error = |status| DispatcherError::dependency("puller-svc", status);
+        match send(puller.clone()).await {
+            Err(status) if status.code() == tonic::Code::NotFound => {
+                puller
+                    .clone()
+                    .create_topic(eventmesh_proto::puller::CreateTopicRequest {
+                        topic: topic.to_string(),
+                        partitions: 0,
+                        implicit: true,
+                    })
+                    .await
+                    .map_err(puller_error)?;
+                send(puller).await
+            }
+            other => other,
+        }
+        .map(Response::into_inner)
+        .map_err(puller_error)
+    }
+}
+
+/// An event checked and encoded for the puller.
+struct PreparedPublish {
+    record: eventmesh_proto::puller::BatchRecord,
+    event_id: String,
+}
+
+/// Checks a publish's key and event and encodes the event (an empty event id is generated).
+fn prepare_publish(
+    key: String,
+    event: Option<pb::Event>,
+) -> Result<PreparedPublish, DispatcherError> {
+    let max_key = eventmesh_common::grpc::MAX_RECORD_KEY_BYTES;
+    if key.len() > max_key {
+        return Err(DispatcherError::invalid(
+            "key",
+            format!("{} bytes, more than {max_key}", key.len()),
+        ));
+    }
+    let event = event.ok_or_else(|| DispatcherError::invalid("event", "required"))?;
+    let (body, event_id) = encode_for_publish(event)?;
+    Ok(PreparedPublish {
+        record: eventmesh_proto::puller::BatchRecord {
+            body,
+            key: key.into_bytes().into(),
+            partition: String::new(),
+        },
+        event_id,
+    })
+}
+
+/// The answer for an event of a batch that was not stored.
+fn publish_error(code: tonic::Code, message: String, event_id: String) -> pb::PublishOutcome {
+    pb::PublishOutcome {
+        outcome: Some(pb::publish_outcome::Outcome::Error(pb::PublishError {
+            code: code as i32,
+            message,
+            event_id,
+        })),
     }
 }
 
@@ -197,53 +273,124 @@ impl EventMeshService for EventMeshGrpc {
     ) -> Result<Response<pb::PublishResponse>, Status> {
         let request = request.into_inner();
         let topic = Topic::new(request.topic).map_err(|e| FieldError::new("topic", e))?;
-        if request.key.len() > eventmesh_common::grpc::MAX_RECORD_KEY_BYTES {
-            return Err(DispatcherError::invalid(
-                "key",
-                format!(
-                    "{} bytes, more than {}",
-                    request.key.len(),
-                    eventmesh_common::grpc::MAX_RECORD_KEY_BYTES
-                ),
-            )
-            .into());
-        }
-        let event = request
-            .event
-            .ok_or_else(|| DispatcherError::invalid("event", "required"))?;
-        let (body, event_id) = encode_for_publish(event)?;
-        let published_bytes = body.len();
+        let prepared = prepare_publish(request.key, request.event)?;
+        let published_bytes = prepared.record.body.len();
+        let event_id = prepared.event_id;
         let publish = PullerPublish {
             topic: topic.to_string(),
-            body,
-            key: request.key.into_bytes().into(),
+            body: prepared.record.body,
+            key: prepared.record.key,
             partition: String::new(),
         };
-        let mut puller = self.shared.puller();
-        let puller_error = |status| DispatcherError::dependency("puller-svc", status);
-        let stored = match puller.publish(publish.clone()).await {
-            // A topic is created on first use (idempotent), then the publish is retried once.
-            Err(status) if status.code() == tonic::Code::NotFound => {
-                puller
-                    .create_topic(eventmesh_proto::puller::CreateTopicRequest {
-                        topic: topic.to_string(),
-                        partitions: 0,
-                        implicit: true,
-                    })
-                    .await
-                    .map_err(puller_error)?;
-                puller.publish(publish).await
-            }
-            other => other,
-        }
-        .map_err(puller_error)?
-        .into_inner();
+        let stored = self
+            .publish_creating_topic(&topic, |mut puller| {
+                let publish = publish.clone();
+                async move { puller.publish(publish).await }
+            })
+            .await?;
         metrics::counter!("dispatcher_published_total").increment(1);
         self.shared.meter.published(published_bytes);
         Ok(Response::new(pb::PublishResponse {
             partition: stored.partition,
             offset: stored.offset,
             event_id,
+        }))
+    }
+
+    async fn publish_batch(
+        &self,
+        request: Request<pb::PublishBatchRequest>,
+    ) -> Result<Response<pb::PublishBatchResponse>, Status> {
+        let request = request.into_inner();
+        let topic = Topic::new(request.topic).map_err(|e| FieldError::new("topic", e))?;
+        let max = eventmesh_common::grpc::MAX_PUBLISH_BATCH;
+        if request.entries.len() > max {
+            return Err(DispatcherError::invalid(
+                "entries",
+                format!("{} events, more than {max}", request.entries.len()),
+            )
+            .into());
+        }
+        // Bad events are answered here; the others go to the puller as one batch and their
+        // answers are put back in request order.
+        let mut outcomes: Vec<Option<pb::PublishOutcome>> = vec![None; request.entries.len()];
+        let mut records = Vec::with_capacity(request.entries.len());
+        // For each record sent: its entry and event id.
+        let mut sent = Vec::with_capacity(request.entries.len());
+        let mut published_bytes = 0;
+        for (i, entry) in request.entries.into_iter().enumerate() {
+            match prepare_publish(entry.key, entry.event) {
+                Ok(prepared) => {
+                    published_bytes += prepared.record.body.len();
+                    records.push(prepared.record);
+                    sent.push((i, prepared.event_id));
+                }
+                Err(error) => {
+                    let status = Status::from(error);
+                    outcomes[i] = Some(publish_error(
+                        status.code(),
+                        format!("entries[{i}].{}", status.message()),
+                        String::new(),
+                    ));
+                }
+            }
+        }
+        if !records.is_empty() {
+            let batch = PullerPublishBatch {
+                topic: topic.to_string(),
+                records,
+            };
+            let answered = self
+                .publish_creating_topic(&topic, |mut puller| {
+                    let batch = batch.clone();
+                    async move { puller.publish_batch(batch).await }
+                })
+                .await?;
+            if answered.outcomes.len() != sent.len() {
+                return Err(DispatcherError::dependency(
+                    "puller-svc",
+                    Status::internal(format!(
+                        "{} answers to a batch of {}",
+                        answered.outcomes.len(),
+                        sent.len()
+                    )),
+                )
+                .into());
+            }
+            let mut stored = 0;
+            for ((i, event_id), outcome) in sent.into_iter().zip(answered.outcomes) {
+                outcomes[i] = Some(match outcome.error {
+                    None => {
+                        stored += 1;
+                        pb::PublishOutcome {
+                            outcome: Some(pb::publish_outcome::Outcome::Stored(
+                                pb::PublishResponse {
+                                    partition: outcome.partition,
+                                    offset: outcome.offset,
+                                    event_id,
+                                },
+                            )),
+                        }
+                    }
+                    Some(refused) => publish_error(
+                        tonic::Code::from(refused.code),
+                        format!("entries[{i}]: {}", refused.message),
+                        event_id,
+                    ),
+                });
+            }
+            metrics::counter!("dispatcher_published_total").increment(stored);
+            self.shared.meter.published(published_bytes);
+        }
+        Ok(Response::new(pb::PublishBatchResponse {
+            outcomes: outcomes
+                .into_iter()
+                .map(|outcome| {
+                    outcome.unwrap_or_else(|| {
+                        publish_error(tonic::Code::Internal, "not answered".into(), String::new())
+                    })
+                })
+                .collect(),
         }))
     }
 

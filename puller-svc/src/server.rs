@@ -113,10 +113,11 @@ pub async fn start(
         .map_err(|err| ServerError::Task(err.to_string()))?;
     let sweeper = grpc_service.clone();
     let router = router.add_service(
-        // A publish carries one frame (a dead-letter envelope at most); a pull answer is
-        // bounded by the largest pull this service allows.
+        // The largest request is a publish batch (a single publish carries one frame, a
+        // dead-letter envelope at most); a pull answer is bounded by the largest pull this
+        // service allows.
         PullerServiceServer::new(grpc_service)
-            .max_decoding_message_size(grpc::PUBLISH_REQUEST_LIMIT)
+            .max_decoding_message_size(grpc::PUBLISH_BATCH_REQUEST_LIMIT)
             .max_encoding_message_size(grpc::pull_response_limit(
                 grpc::MAX_PULL_RECORDS,
                 grpc::MAX_PULL_BYTES,

@@ -38,7 +38,9 @@ use tracing::instrument;
 use crate::alignment::{WatermarkSource, align_reader, describe};
 use crate::crash::{CrashPoint, crash_point};
 use crate::ingest::BodyKind;
-use crate::storage::{AckPulledOutcome, PollLimits, PolledBatch, ReaderKey, Selection, Storage};
+use crate::storage::{
+    AckPulledOutcome, NewRecord, PollLimits, PolledBatch, ReaderKey, Selection, Storage,
+};
 
 /// Longest a `Pull` waits for records.
 pub const MAX_WAIT: Duration = Duration::from_secs(30);
@@ -395,17 +397,7 @@ impl PullerService for PullerGrpc {
         let topic = parse_topic("topic", &request.topic)?;
         let partition = parse_partition("partition", &request.partition)?;
         self.storage.check_topic_name(&topic)?;
-        if request.key.len() > grpc::MAX_RECORD_KEY_BYTES {
-            return Err(FieldError::new(
-                "key",
-                format!(
-                    "{} bytes, more than {}",
-                    request.key.len(),
-                    grpc::MAX_RECORD_KEY_BYTES
-                ),
-            )
-            .into());
-        }
+        check_key("key", &request.key)?;
         let appended = self
             .storage
             .send(&topic, request.key, request.body, partition)
@@ -414,6 +406,65 @@ impl PullerService for PullerGrpc {
         Ok(Response::new(pb::PublishResponse {
             partition: appended.partition.to_string(),
             offset: appended.offset,
+        }))
+    }
+
+    #[instrument(skip_all, fields(topic = %request.get_ref().topic, records = request.get_ref().records.len()))]
+    async fn publish_batch(
+        &self,
+        request: Request<pb::PublishBatchRequest>,
+    ) -> Result<Response<pb::PublishBatchResponse>, Status> {
+        let request = request.into_inner();
+        let topic = parse_topic("topic", &request.topic)?;
+        self.storage.check_topic_name(&topic)?;
+        if request.records.len() > grpc::MAX_PUBLISH_BATCH {
+            return Err(FieldError::new(
+                "records",
+                format!(
+                    "{} records, more than {}",
+                    request.records.len(),
+                    grpc::MAX_PUBLISH_BATCH
+                ),
+            )
+            .into());
+        }
+        // Records refused here are answered without reaching the backend; the others are sent
+        // as one batch and their answers put back in request order.
+        let mut outcomes = vec![None; request.records.len()];
+        let mut accepted = Vec::with_capacity(request.records.len());
+        let mut accepted_at = Vec::with_capacity(request.records.len());
+        for (i, record) in request.records.into_iter().enumerate() {
+            match check_batch_record(i, record) {
+                Ok(record) => {
+                    accepted.push(record);
+                    accepted_at.push(i);
+                }
+                Err(refused) => outcomes[i] = Some(refused_outcome(&refused)),
+            }
+        }
+        if !accepted.is_empty() {
+            let results = self.storage.send_batch(&topic, accepted).await?;
+            crash_point(CrashPoint::AfterPublish);
+            for (i, result) in accepted_at.into_iter().zip(results) {
+                outcomes[i] = Some(match result {
+                    Ok(appended) => pb::RecordOutcome {
+                        partition: appended.partition.to_string(),
+                        offset: appended.offset,
+                        error: None,
+                    },
+                    Err(error) => refused_outcome(&Status::from(error)),
+                });
+            }
+        }
+        Ok(Response::new(pb::PublishBatchResponse {
+            outcomes: outcomes
+                .into_iter()
+                .map(|outcome| {
+                    outcome.unwrap_or_else(|| {
+                        refused_outcome(&Status::internal("the backend did not answer this record"))
+                    })
+                })
+                .collect(),
         }))
     }
 
@@ -783,5 +834,43 @@ impl PullerGrpc {
             None => return Err(Status::invalid_argument("empty PullStreamRequest")),
         }
         Ok(())
+    }
+}
+
+/// One record of a publish batch, checked as `Publish` checks its request.
+fn check_batch_record(index: usize, record: pb::BatchRecord) -> Result<NewRecord, Status> {
+    let partition = parse_partition(&format!("records[{index}].partition"), &record.partition)?;
+    check_key(&format!("records[{index}].key"), &record.key)?;
+    Ok(NewRecord {
+        key: record.key,
+        body: record.body,
+        partition,
+    })
+}
+
+/// Refuses a record key over the limit.
+fn check_key(field: &str, key: &[u8]) -> Result<(), FieldError> {
+    if key.len() > grpc::MAX_RECORD_KEY_BYTES {
+        return Err(FieldError::new(
+            field,
+            format!(
+                "{} bytes, more than {}",
+                key.len(),
+                grpc::MAX_RECORD_KEY_BYTES
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// The answer for a record of a batch that was not stored.
+fn refused_outcome(status: &Status) -> pb::RecordOutcome {
+    pb::RecordOutcome {
+        partition: String::new(),
+        offset: -1,
+        error: Some(pb::RecordError {
+            code: status.code() as i32,
+            message: status.message().to_owned(),
+        }),
     }
 }

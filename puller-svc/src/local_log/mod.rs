@@ -6,4 +6,4 @@ pub mod partition;
 pub mod topics;
 
 pub use partition::{LogError, LogSettings, PartitionLog, Record};
-pub use topics::{Appended, LocalLog, PartitionRange, TopicError};
+pub use topics::{Appended, LocalLog, NewRecord, PartitionRange, TopicError};

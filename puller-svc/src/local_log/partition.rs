@@ -152,9 +152,10 @@ fn segment_path(dir: &Path, base: i64) -> PathBuf {
     dir.join(format!("{base:020}.log"))
 }
 
-fn encode(offset: i64, timestamp_ms: i64, key: &[u8], body: &[u8]) -> Vec<u8> {
+fn encode_into(out: &mut Vec<u8>, offset: i64, timestamp_ms: i64, key: &[u8], body: &[u8]) {
+    let start = out.len();
     let len = HEAD - 8 + key.len() + 4 + body.len();
-    let mut out = Vec::with_capacity(8 + len);
+    out.reserve(8 + len);
     out.extend_from_slice(&(len as u32).to_be_bytes());
     out.extend_from_slice(&[0; 4]);
     out.push(RECORD_VERSION);
@@ -164,9 +165,43 @@ fn encode(offset: i64, timestamp_ms: i64, key: &[u8], body: &[u8]) -> Vec<u8> {
     out.extend_from_slice(key);
     out.extend_from_slice(&(body.len() as u32).to_be_bytes());
     out.extend_from_slice(body);
-    let crc = crc32c::crc32c(&out[8..]);
-    out[4..8].copy_from_slice(&crc.to_be_bytes());
-    out
+    let crc = crc32c::crc32c(&out[start + 8..]);
+    out[start + 4..start + 8].copy_from_slice(&crc.to_be_bytes());
+}
+
+/// Records encoded but not yet written: the bytes, and for each record its index in the
+/// batch's results and its encoded length.
+#[derive(Default)]
+struct PendingWrite {
+    buffer: Vec<u8>,
+    records: Vec<(usize, u64)>,
+}
+
+/// Refuses a record whose key or body is over the limit.
+fn check_record(key: &[u8], body: &[u8]) -> Result<(), LogError> {
+    if key.len() > MAX_KEY_BYTES {
+        return Err(LogError::TooLarge {
+            what: "key",
+            len: key.len(),
+            max: MAX_KEY_BYTES,
+        });
+    }
+    if body.len() > MAX_BODY_BYTES {
+        return Err(LogError::TooLarge {
+            what: "body",
+            len: body.len(),
+            max: MAX_BODY_BYTES,
+        });
+    }
+    Ok(())
+}
+
+/// What a failed write tells the records after it.
+fn error_reason(error: &LogError) -> (io::ErrorKind, String) {
+    match error {
+        LogError::Io { source, .. } => (source.kind(), error.to_string()),
+        other => (io::ErrorKind::Other, other.to_string()),
+    }
 }
 
 /// Decodes the record at the start of `buf` (whose stored length is `buf.len() - 8`).
@@ -333,51 +368,146 @@ impl PartitionLog {
         self.segments.last().map_or(0, Segment::next_offset)
     }
 
-    /// Appends a record and returns its offset once the write returned.
+    /// Appends a record and returns its offset once the write returned (see
+    /// [`PartitionLog::append_batch`]).
     pub fn append(&mut self, key: &[u8], body: &[u8], timestamp_ms: i64) -> Result<i64, LogError> {
-        if key.len() > MAX_KEY_BYTES {
-            return Err(LogError::TooLarge {
-                what: "key",
-                len: key.len(),
-                max: MAX_KEY_BYTES,
-            });
+        self.append_batch([(key, body)], timestamp_ms)
+            .pop()
+            .unwrap_or_else(|| Err(self.corrupt("an append of one record returned no result")))
+    }
+
+    /// Appends records in order with one write — and, with [`LogSettings::sync`], one fsync —
+    /// per segment they land in, and answers each record on its own, in order:
+    ///
+    /// * a record too large is refused alone; the others are written;
+    /// * a failed write fails the records of that write and every later one (nothing after a
+    ///   failure is written, so a client retrying them cannot reorder the partition), and the
+    ///   torn tail is cut off so the partition stays appendable;
+    /// * an offset is returned once the write returned: in the page cache, so it survives the
+    ///   process being killed; it survives power loss only with `sync`.
+    pub fn append_batch<'a>(
+        &mut self,
+        records: impl IntoIterator<Item = (&'a [u8], &'a [u8])>,
+        timestamp_ms: i64,
+    ) -> Vec<Result<i64, LogError>> {
+        let records = records.into_iter();
+        let mut results = Vec::with_capacity(records.size_hint().0);
+        let mut pending = PendingWrite::default();
+        // Why a write failed: every record after it fails with the same reason.
+        let mut failed: Option<(io::ErrorKind, String)> = None;
+        for (key, body) in records {
+            if let Some((kind, why)) = &failed {
+                results.push(Err(LogError::Io {
+                    path: self.dir.clone(),
+                    source: io::Error::new(*kind, why.clone()),
+                }));
+                continue;
+            }
+            if let Err(refused) = check_record(key, body) {
+                results.push(Err(refused));
+                continue;
+            }
+            if let Err(error) = self.make_room(&mut pending, &mut results, timestamp_ms) {
+                failed = Some(error_reason(&error));
+                results.push(Err(error));
+                continue;
+            }
+            let Some(segment) = self.segments.last() else {
+                results.push(Err(self.corrupt("partition has no segment")));
+                continue;
+            };
+            let offset = segment.next_offset() + pending.records.len() as i64;
+            let before = pending.buffer.len();
+            encode_into(&mut pending.buffer, offset, timestamp_ms, key, body);
+            pending
+                .records
+                .push((results.len(), (pending.buffer.len() - before) as u64));
+            results.push(Ok(offset));
         }
-        if body.len() > MAX_BODY_BYTES {
-            return Err(LogError::TooLarge {
-                what: "body",
-                len: body.len(),
-                max: MAX_BODY_BYTES,
-            });
+        if failed.is_none() {
+            // Its failure is already recorded in the results of the records it held.
+            let _ = self.write_pending(&mut pending, &mut results, timestamp_ms);
         }
-        if self
-            .segments
-            .last()
-            .is_some_and(|s| s.size >= self.settings.segment_bytes && !s.positions.is_empty())
-        {
+        results
+    }
+
+    /// Before the next record: writes what is pending and rolls the active segment when it
+    /// is full (counting what is pending).
+    fn make_room(
+        &mut self,
+        pending: &mut PendingWrite,
+        results: &mut [Result<i64, LogError>],
+        timestamp_ms: i64,
+    ) -> Result<(), LogError> {
+        let full = self.segments.last().is_some_and(|s| {
+            s.size + pending.buffer.len() as u64 >= self.settings.segment_bytes
+                && !(s.positions.is_empty() && pending.records.is_empty())
+        });
+        if full {
+            self.write_pending(pending, results, timestamp_ms)?;
             self.roll()?;
             self.enforce_retention(timestamp_ms)?;
         }
+        Ok(())
+    }
+
+    /// Writes the pending records to the active segment in one write (and one fsync with
+    /// `sync`), then indexes them. On failure the segment is cut back to its size before the
+    /// write and the pending records' results become the error.
+    fn write_pending(
+        &mut self,
+        pending: &mut PendingWrite,
+        results: &mut [Result<i64, LogError>],
+        timestamp_ms: i64,
+    ) -> Result<(), LogError> {
+        if pending.records.is_empty() {
+            return Ok(());
+        }
         let sync = self.settings.sync;
         let Some(segment) = self.segments.last_mut() else {
-            return Err(LogError::Corrupt {
-                path: self.dir.clone(),
-                position: 0,
-                why: "partition has no segment".into(),
-            });
+            return Err(self.corrupt("partition has no segment"));
         };
-        let offset = segment.next_offset();
-        let record = encode(offset, timestamp_ms, key, body);
-        segment
-            .file
-            .write_all(&record)
-            .map_err(io_error(&segment.path))?;
-        if sync {
-            segment.file.sync_data().map_err(io_error(&segment.path))?;
+        let written = segment.file.write_all(&pending.buffer).and_then(|()| {
+            if sync {
+                segment.file.sync_data()
+            } else {
+                Ok(())
+            }
+        });
+        if let Err(source) = written {
+            // Cut the torn tail (appends go to the file's end): what is indexed stays what is
+            // in the file. If even that fails, reads past the index see a bad record and the
+            // next start recovers the segment.
+            if let Err(truncate) = segment.file.set_len(segment.size) {
+                tracing::error!(path = %segment.path.display(), error = %truncate, "cannot cut a failed append off the local log");
+            }
+            for (index, _) in pending.records.drain(..) {
+                results[index] = Err(LogError::Io {
+                    path: segment.path.clone(),
+                    source: io::Error::new(source.kind(), source.to_string()),
+                });
+            }
+            pending.buffer.clear();
+            return Err(LogError::Io {
+                path: segment.path.clone(),
+                source,
+            });
         }
-        segment.positions.push(segment.size);
-        segment.size += record.len() as u64;
+        for (_, len) in pending.records.drain(..) {
+            segment.positions.push(segment.size);
+            segment.size += len;
+        }
         segment.newest_timestamp_ms = segment.newest_timestamp_ms.max(timestamp_ms);
-        Ok(offset)
+        pending.buffer.clear();
+        Ok(())
+    }
+
+    fn corrupt(&self, why: &str) -> LogError {
+        LogError::Corrupt {
+            path: self.dir.clone(),
+            position: 0,
+            why: why.into(),
+        }
     }
 
     fn roll(&mut self) -> Result<(), LogError> {

@@ -19,6 +19,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
+use bytes::Bytes;
 use eventmesh_common::keys::{PartitionId, PartitionKind, Topic};
 
 use super::partition::{LogError, LogSettings, PartitionLog, Record};
@@ -110,6 +111,24 @@ struct TopicLog {
     round_robin: AtomicU64,
 }
 
+impl TopicLog {
+    /// The numbered partition a record goes to: the explicit one, else by key, else round
+    /// robin.
+    fn partition_for(
+        &self,
+        topic: &Topic,
+        key: &[u8],
+        partition: Option<&PartitionId>,
+    ) -> Result<usize, TopicError> {
+        let count = self.partitions.len() as u64;
+        Ok(match partition {
+            Some(id) => numbered(topic, id, self.partitions.len())?,
+            None if !key.is_empty() => (crc32c::crc32c(key) as u64 % count) as usize,
+            None => (self.round_robin.fetch_add(1, Ordering::Relaxed) % count) as usize,
+        })
+    }
+}
+
 /// Where an append landed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Appended {
@@ -117,6 +136,17 @@ pub struct Appended {
     pub partition: PartitionId,
     /// The offset inside it.
     pub offset: i64,
+}
+
+/// A record to append.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewRecord {
+    /// Ordering key (may be empty).
+    pub key: Bytes,
+    /// The body.
+    pub body: Bytes,
+    /// An explicit numbered partition; `None` places by key, else round robin.
+    pub partition: Option<PartitionId>,
 }
 
 /// A partition's retained range: `[start, end)`.
@@ -260,7 +290,7 @@ impl LocalLog {
         names
     }
 
-    /// Appends to a numbered partition (explicit, by key, or round-robin).
+    /// Appends one record (explicit partition, else by key, else round robin).
     pub fn append(
         &self,
         topic: &Topic,
@@ -270,17 +300,58 @@ impl LocalLog {
         timestamp_ms: i64,
     ) -> Result<Appended, TopicError> {
         let log = self.topic(topic)?;
-        let count = log.partitions.len() as u64;
-        let index = match partition {
-            Some(id) => numbered(topic, id, log.partitions.len())?,
-            None if !key.is_empty() => (crc32c::crc32c(key) as u64 % count) as usize,
-            None => (log.round_robin.fetch_add(1, Ordering::Relaxed) % count) as usize,
-        };
+        let index = log.partition_for(topic, key, partition)?;
         let offset = lock(&log.partitions[index]).append(key, body, timestamp_ms)?;
         Ok(Appended {
             partition: PartitionId::number(index as u32),
             offset,
         })
+    }
+
+    /// Appends records to one topic, each placed as [`LocalLog::append`] places it, taking
+    /// each partition's lock once and writing each partition's records in one write (see
+    /// [`PartitionLog::append_batch`] for what a result means). Records of one partition keep
+    /// their order. Fails as a whole only when the topic is unknown.
+    pub fn append_batch(
+        &self,
+        topic: &Topic,
+        records: &[NewRecord],
+        timestamp_ms: i64,
+    ) -> Result<Vec<Result<Appended, TopicError>>, TopicError> {
+        let log = self.topic(topic)?;
+        let mut results: Vec<Result<Appended, TopicError>> = Vec::with_capacity(records.len());
+        // Per partition, the indexes of its records in `records`.
+        let mut by_partition: Vec<Vec<usize>> = vec![Vec::new(); log.partitions.len()];
+        for (i, record) in records.iter().enumerate() {
+            match log.partition_for(topic, &record.key, record.partition.as_ref()) {
+                Ok(index) => {
+                    by_partition[index].push(i);
+                    // Replaced below by the partition's answer.
+                    results.push(Err(TopicError::NoPartitions));
+                }
+                Err(error) => results.push(Err(error)),
+            }
+        }
+        for (index, members) in by_partition.iter().enumerate() {
+            if members.is_empty() {
+                continue;
+            }
+            let offsets = lock(&log.partitions[index]).append_batch(
+                members
+                    .iter()
+                    .map(|&i| (&records[i].key[..], &records[i].body[..])),
+                timestamp_ms,
+            );
+            for (&i, offset) in members.iter().zip(offsets) {
+                results[i] = offset
+                    .map(|offset| Appended {
+                        partition: PartitionId::number(index as u32),
+                        offset,
+                    })
+                    .map_err(TopicError::from);
+            }
+        }
+        Ok(results)
     }
 
     /// Reads a numbered partition or a lite channel from `from`.

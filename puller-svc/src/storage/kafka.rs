@@ -38,8 +38,8 @@ use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
 use rdkafka::{Offset, TopicPartitionList};
 
 use super::{
-    Appended, CoveredRange, PartitionRange, PastEnd, PollLimits, PolledBatch, PolledRecord,
-    ReaderKey, Selection, Storage, StorageError,
+    Appended, CoveredRange, NewRecord, PartitionRange, PastEnd, PollLimits, PolledBatch,
+    PolledRecord, ReaderKey, Selection, Storage, StorageError,
 };
 use crate::cursors::{CursorBook, Resolution, StartAt};
 use crate::ingest::{Header, Origin, ingest, malformed};
@@ -239,6 +239,14 @@ impl KafkaStorage {
 
     /// Asks the broker through the producer's own client (refreshing its metadata cache)
     /// whether `topic` exists now.
+    /// Topics the producer has seen in the broker's metadata.
+    fn known_topics(&self) -> std::sync::MutexGuard<'_, std::collections::HashSet<Topic>> {
+        self.inner
+            .known_topics
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+    }
+
     async fn producer_sees_topic(&self, topic: &Topic) -> bool {
         let topic = topic.clone();
         self.blocking(move |inner| {
@@ -717,21 +725,12 @@ impl Storage for KafkaStorage {
     ) -> Result<Appended, StorageError> {
         self.check_topic_name(topic)?;
         let partition = partition.map(|p| partition_number(topic, &p)).transpose()?;
-        let known = self
-            .inner
-            .known_topics
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .contains(topic);
+        let known = self.known_topics().contains(topic);
         if !known {
             if !self.producer_sees_topic(topic).await {
                 return Err(StorageError::UnknownTopic(topic.to_string()));
             }
-            self.inner
-                .known_topics
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .insert(topic.clone());
+            self.known_topics().insert(topic.clone());
         }
         match self.produce(topic, &key, &body, partition).await {
             Err(StorageError::UnknownTopic(_)) if self.producer_sees_topic(topic).await => {
@@ -741,15 +740,44 @@ impl Storage for KafkaStorage {
             }
             Err(StorageError::UnknownTopic(name)) => {
                 // Deleted since: ask the broker again next time.
-                self.inner
-                    .known_topics
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .remove(topic);
+                self.known_topics().remove(topic);
                 Err(StorageError::UnknownTopic(name))
             }
             other => other,
         }
+    }
+
+    async fn send_batch(
+        &self,
+        topic: &Topic,
+        records: Vec<NewRecord>,
+    ) -> Result<Vec<Result<Appended, StorageError>>, StorageError> {
+        let known = self.known_topics().contains(topic);
+        let mut records = records.into_iter();
+        let mut results = Vec::with_capacity(records.len());
+        if !known {
+            // A topic not produced to yet (maybe just created): its first record goes alone,
+            // to find out whether the topic exists and to refresh librdkafka's metadata cache,
+            // so the rest do not all fail on a stale "unknown topic" and the batch keeps its
+            // order. Unknown: nothing was stored, the batch fails as a whole.
+            let Some(first) = records.next() else {
+                return Ok(results);
+            };
+            match self
+                .send(topic, first.key, first.body, first.partition)
+                .await
+            {
+                Err(StorageError::UnknownTopic(name)) => {
+                    return Err(StorageError::UnknownTopic(name));
+                }
+                first => results.push(first),
+            }
+        }
+        // The producer batches concurrent sends (linger, one produce request per partition).
+        let sends =
+            records.map(|record| self.send(topic, record.key, record.body, record.partition));
+        results.extend(futures::future::join_all(sends).await);
+        super::whole_batch_unknown(topic, results)
     }
 
     async fn poll(

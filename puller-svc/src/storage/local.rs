@@ -19,8 +19,8 @@ use eventmesh_common::keys::{PartitionId, PullKey, Topic};
 use tokio::sync::watch;
 
 use super::{
-    Appended, CoveredRange, PartitionRange, PastEnd, PollLimits, PolledBatch, PolledRecord,
-    ReaderKey, Selection, Storage, StorageError,
+    Appended, CoveredRange, NewRecord, PartitionRange, PastEnd, PollLimits, PolledBatch,
+    PolledRecord, ReaderKey, Selection, Storage, StorageError,
 };
 use crate::cursors::{CursorBook, GroupCursors, Resolution, StartAt};
 use crate::ingest::{Origin, ingest};
@@ -368,6 +368,25 @@ impl Storage for LocalStorage {
                 .append(&topic, &key, &body, partition.as_ref(), now_ms())?;
             inner.appended(&topic);
             Ok(appended)
+        })
+        .await
+    }
+
+    async fn send_batch(
+        &self,
+        topic: &Topic,
+        records: Vec<NewRecord>,
+    ) -> Result<Vec<Result<Appended, StorageError>>, StorageError> {
+        let topic = topic.clone();
+        self.blocking(move |inner| {
+            let results = inner.log.append_batch(&topic, &records, now_ms())?;
+            if results.iter().any(Result::is_ok) {
+                inner.appended(&topic);
+            }
+            Ok(results
+                .into_iter()
+                .map(|result| result.map_err(StorageError::from))
+                .collect())
         })
         .await
     }

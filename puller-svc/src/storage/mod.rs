@@ -157,6 +157,8 @@ impl Selection {
 
 /// Where an appended record landed.
 pub use crate::local_log::Appended;
+/// A record to append.
+pub use crate::local_log::NewRecord;
 /// A partition's retained range `[start, end)`.
 pub use crate::local_log::PartitionRange;
 
@@ -221,6 +223,21 @@ impl From<KeyError> for StorageError {
     }
 }
 
+/// A batch whose every record found the topic unknown fails as a whole (nothing was stored).
+pub(crate) fn whole_batch_unknown(
+    topic: &Topic,
+    results: Vec<Result<Appended, StorageError>>,
+) -> Result<Vec<Result<Appended, StorageError>>, StorageError> {
+    if !results.is_empty()
+        && results
+            .iter()
+            .all(|result| matches!(result, Err(StorageError::UnknownTopic(_))))
+    {
+        return Err(StorageError::UnknownTopic(topic.to_string()));
+    }
+    Ok(results)
+}
+
 /// An MQ backend.
 #[async_trait::async_trait]
 pub trait Storage: Send + Sync + 'static {
@@ -248,6 +265,24 @@ pub trait Storage: Send + Sync + 'static {
         body: Bytes,
         partition: Option<PartitionId>,
     ) -> Result<Appended, StorageError>;
+
+    /// Appends records to one topic, answering each on its own and in order (placed as
+    /// [`Storage::send`] places one; records of one partition keep their order). Fails as a
+    /// whole only when the topic is unknown, so the caller can create it and send again.
+    ///
+    /// The default sends them concurrently, for backends whose client batches on its own
+    /// (Kafka's producer: linger and one produce request per partition).
+    async fn send_batch(
+        &self,
+        topic: &Topic,
+        records: Vec<NewRecord>,
+    ) -> Result<Vec<Result<Appended, StorageError>>, StorageError> {
+        let sends = records
+            .into_iter()
+            .map(|record| self.send(topic, record.key, record.body, record.partition));
+        let results = futures::future::join_all(sends).await;
+        whole_batch_unknown(topic, results)
+    }
 
     /// Reads the reader's next batch from the selected partitions, moving its position past
     /// what is returned.

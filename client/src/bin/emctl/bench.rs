@@ -21,11 +21,11 @@ use anyhow::{Context, bail};
 use clap::{Args, ValueEnum};
 use eventmesh_client::local::{LocalConfig, LocalInstance, Service};
 use eventmesh_client::{
-    AckOutcome, Client, ClientConfig, Event, StartPosition, SubscribeOptions, Subscription,
+    AckOutcome, Client, ClientConfig, Event, Publisher, PublisherOptions, StartPosition,
+    SubscribeOptions, Subscription,
 };
 use eventmesh_proto::puller as puller_pb;
 use eventmesh_proto::puller::puller_service_client::PullerServiceClient;
-use futures::StreamExt;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Backend {
@@ -320,28 +320,15 @@ async fn publish(
     rate: Option<f64>,
 ) -> anyhow::Result<()> {
     let payload = bytes::Bytes::from(vec![b'b'; size]);
-    let started = Instant::now();
-    let mut publishes = futures::stream::iter(0..count)
-        .map(|n| {
-            let event = Event {
-                source: "/emctl/bench".into(),
-                r#type: "bench".into(),
-                data: payload.clone(),
-                ..Event::default()
-            };
-            async move {
-                if let Some(rate) = rate {
-                    let due = started + Duration::from_secs_f64(n as f64 / rate);
-                    tokio::time::sleep_until(due.into()).await;
-                }
-                client.publish(topic, event).await
-            }
-        })
-        .buffer_unordered(64);
-    while let Some(result) = publishes.next().await {
-        result.context("publishing")?;
-    }
-    Ok(())
+    // Batched and pipelined: up to 8 batches of up to 512 events in flight.
+    let publisher = Publisher::new(client.clone(), topic, PublisherOptions::default());
+    let event = |_| Event {
+        source: "/emctl/bench".into(),
+        r#type: "bench".into(),
+        data: payload.clone(),
+        ..Event::default()
+    };
+    crate::pubsub::publish_pipelined(&publisher, "", count, rate, event, |_, _| {}).await
 }
 
 async fn raw_pull(instance: &LocalInstance, topic: &str, events: u64) -> anyhow::Result<f64> {

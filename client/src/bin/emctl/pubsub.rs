@@ -4,7 +4,10 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use clap::{Args, ValueEnum};
-use eventmesh_client::{Client, ClientConfig, Event, StartPosition, SubscribeOptions};
+use eventmesh_client::{
+    Client, ClientConfig, Event, PendingPublish, Published, Publisher, PublisherOptions,
+    StartPosition, SubscribeOptions,
+};
 use indicatif::{ProgressBar, ProgressStyle};
 
 /// How to reach a dispatcher.
@@ -55,30 +58,43 @@ pub async fn publish(args: PublishArgs) -> anyhow::Result<()> {
     let client = args.connection.connect().await?;
     let bar = progress(args.count, "published");
     let started = Instant::now();
-    for n in 0..args.count {
-        let event = Event {
-            source: "/emctl".into(),
-            r#type: args.event_type.clone(),
-            data: args
-                .data
-                .replace("<n>", &n.to_string())
-                .replace("{n}", &n.to_string())
-                .into_bytes()
-                .into(),
-            ..Event::default()
-        };
-        let stored = client
-            .publish_with_key(&args.topic, &args.key, event)
-            .await
-            .with_context(|| format!("publishing event {n} to {}", args.topic))?;
-        if args.count == 1 {
-            println!(
-                "published {} -> partition {} offset {}",
-                stored.event_id, stored.partition, stored.offset
-            );
-        }
-        bar.inc(1);
-    }
+    // Batched and pipelined; one batch in flight at a time when a key asks for order.
+    let options = PublisherOptions {
+        max_in_flight_batches: if args.key.is_empty() { 8 } else { 1 },
+        ..PublisherOptions::default()
+    };
+    let publisher = Publisher::new(client, &args.topic, options);
+    let event = |n: u64| Event {
+        source: "/emctl".into(),
+        r#type: args.event_type.clone(),
+        data: args
+            .data
+            .replace("<n>", &n.to_string())
+            .replace("{n}", &n.to_string())
+            .into_bytes()
+            .into(),
+        ..Event::default()
+    };
+    let single = args.count == 1;
+    let answered = bar.clone();
+    publish_pipelined(
+        &publisher,
+        &args.key,
+        args.count,
+        None,
+        event,
+        move |_, stored| {
+            if single {
+                println!(
+                    "published {} -> partition {} offset {}",
+                    stored.event_id, stored.partition, stored.offset
+                );
+            }
+            answered.inc(1);
+        },
+    )
+    .await
+    .with_context(|| format!("publishing to {}", args.topic))?;
     bar.finish();
     if args.count > 1 {
         let seconds = started.elapsed().as_secs_f64();
@@ -90,6 +106,44 @@ pub async fn publish(args: PublishArgs) -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+/// Publishes events `0..count` (built by `event`) through `publisher`, at most `rate` per
+/// second when given, and calls `stored` with each event's number and answer in submit order.
+/// Submitting never waits for an answer (a second task awaits them), so the publisher's
+/// batches fill up; the first failed event ends it with its error.
+pub async fn publish_pipelined(
+    publisher: &Publisher,
+    key: &str,
+    count: u64,
+    rate: Option<f64>,
+    mut event: impl FnMut(u64) -> Event,
+    mut stored: impl FnMut(u64, Published) + Send + 'static,
+) -> anyhow::Result<()> {
+    let started = Instant::now();
+    let (answers, mut answered) = tokio::sync::mpsc::channel::<(u64, PendingPublish)>(64 * 1024);
+    let waiter = tokio::spawn(async move {
+        while let Some((n, pending)) = answered.recv().await {
+            let published = pending
+                .wait()
+                .await
+                .with_context(|| format!("publishing event {n}"))?;
+            stored(n, published);
+        }
+        anyhow::Ok(())
+    });
+    for n in 0..count {
+        if let Some(rate) = rate {
+            let due = started + Duration::from_secs_f64(n as f64 / rate);
+            tokio::time::sleep_until(due.into()).await;
+        }
+        let pending = publisher.submit(key, event(n)).await?;
+        if answers.send((n, pending)).await.is_err() {
+            break; // the waiter stopped at a failed event: its error is returned below
+        }
+    }
+    drop(answers);
+    waiter.await?
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
