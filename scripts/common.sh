@@ -45,3 +45,55 @@ ensure_buf() {
   fi
   BUF="$bin"
 }
+
+# --- Servers started by the test scripts (etcd.sh, kafka.sh, nats.sh) --------------------------
+
+# A free loopback TCP port (asked of the kernel, then released).
+free_port() {
+  command -v python3 >/dev/null || ensure_apt python3
+  python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+
+# True (and says so) when the process whose pid is in PIDFILE still runs: a DIR is started once.
+#   still_running NAME PIDFILE
+still_running() {
+  local name="$1" pidfile="$2"
+  if [ -f "$pidfile" ] && kill -0 "$(cat "$pidfile")" 2>/dev/null; then
+    echo "$name already running (pid $(cat "$pidfile"), $pidfile)" >&2
+    return 0
+  fi
+  return 1
+}
+
+# Waits (up to 30 s) until CHECK... succeeds while the process in PIDFILE lives; says where it
+# is ready, or prints LOG's tail and fails.
+#   wait_ready NAME WHERE PIDFILE LOG CHECK...
+wait_ready() {
+  local name="$1" where="$2" pidfile="$3" logfile="$4"
+  shift 4
+  for _ in $(seq 1 300); do
+    if "$@" >/dev/null 2>&1; then
+      log "$name ready on $where (pid $(cat "$pidfile"))"
+      return 0
+    fi
+    kill -0 "$(cat "$pidfile")" 2>/dev/null || break
+    sleep 0.1
+  done
+  echo "$name did not become ready on $where; log tail:" >&2
+  tail -20 "$logfile" >&2
+  return 1
+}
+
+# Stops the process whose pid is in PIDFILE: SIGCONT first (a SIGSTOPped process acts on
+# SIGTERM only once thawed), SIGTERM, up to 10 s, then SIGKILL; removes PIDFILE.
+stop_pidfile() {
+  local pidfile="$1" pid
+  [ -f "$pidfile" ] || return 0
+  pid="$(cat "$pidfile")"
+  kill -CONT "$pid" 2>/dev/null || true
+  if kill -TERM "$pid" 2>/dev/null; then
+    for _ in $(seq 1 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    kill -KILL "$pid" 2>/dev/null || true
+  fi
+  rm -f "$pidfile"
+}

@@ -16,19 +16,10 @@ install_etcd() {
   ensure_apt etcd-server etcd-client
 }
 
-# A free loopback TCP port (asked of the kernel, then released).
-free_port() {
-  command -v python3 >/dev/null || ensure_apt python3
-  python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
-}
-
 start_etcd() {
   local dir="$1" port="${2:-}"
   mkdir -p "$dir"
-  if [ -f "$dir/etcd.pid" ] && kill -0 "$(cat "$dir/etcd.pid")" 2>/dev/null; then
-    echo "etcd already running on $dir (pid $(cat "$dir/etcd.pid"))" >&2
-    return 1
-  fi
+  still_running etcd "$dir/etcd.pid" && return 1
   install_etcd
   local peer=""
   # A restart on the same DIR keeps its ports, so clients find it where it was.
@@ -54,33 +45,16 @@ start_etcd() {
     >"$dir/etcd.log" 2>&1 &
   echo $! >"$dir/etcd.pid"
   echo "$client_url" >"$dir/endpoint"
-  for _ in $(seq 1 200); do
-    if ETCDCTL_API=3 etcdctl --endpoints "$client_url" --dial-timeout 1s endpoint health \
-        >/dev/null 2>&1; then
-      log "etcd ready on $client_url (pid $(cat "$dir/etcd.pid"))"
-      echo "$client_url"
-      return 0
-    fi
-    kill -0 "$(cat "$dir/etcd.pid")" 2>/dev/null || break
-    sleep 0.1
-  done
-  echo "etcd did not become healthy on $client_url; log tail:" >&2
-  tail -20 "$dir/etcd.log" >&2
-  stop_etcd "$dir"
-  return 1
+  if ! wait_ready etcd "$client_url" "$dir/etcd.pid" "$dir/etcd.log" \
+      env ETCDCTL_API=3 etcdctl --endpoints "$client_url" --dial-timeout 1s endpoint health; then
+    stop_etcd "$dir"
+    return 1
+  fi
+  echo "$client_url"
 }
 
 stop_etcd() {
-  local dir="$1" pid
-  [ -f "$dir/etcd.pid" ] || return 0
-  pid="$(cat "$dir/etcd.pid")"
-  # A stopped (SIGSTOP) etcd must be thawed to act on SIGTERM.
-  kill -CONT "$pid" 2>/dev/null || true
-  if kill -TERM "$pid" 2>/dev/null; then
-    for _ in $(seq 1 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-    kill -KILL "$pid" 2>/dev/null || true
-  fi
-  rm -f "$dir/etcd.pid"
+  stop_pidfile "$1/etcd.pid"
 }
 
 case "${1:-}" in

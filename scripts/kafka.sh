@@ -27,10 +27,7 @@ install_tansu() {
 start_tansu() {
   local dir="$1" port="${2:-9092}"
   mkdir -p "$dir"
-  if [ -f "$dir/tansu.pid" ] && kill -0 "$(cat "$dir/tansu.pid")" 2>/dev/null; then
-    echo "tansu already running in $dir (pid $(cat "$dir/tansu.pid"))" >&2
-    return 1
-  fi
+  still_running tansu "$dir/tansu.pid" && return 1
   install_tansu
   # tansu reads a .env file from its working directory: run it in its own empty directory.
   (cd "$dir" && exec "$TANSU" broker \
@@ -38,29 +35,15 @@ start_tansu() {
       --advertised-listener-url "tcp://127.0.0.1:$port" \
       --storage-engine memory://tansu/ >"$dir/tansu.log" 2>&1) &
   echo $! >"$dir/tansu.pid"
-  for _ in $(seq 1 300); do
-    if (echo >"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
-      log "tansu ready on 127.0.0.1:$port (pid $(cat "$dir/tansu.pid"))"
-      return 0
-    fi
-    kill -0 "$(cat "$dir/tansu.pid")" 2>/dev/null || break
-    sleep 0.1
-  done
-  echo "tansu did not become ready on 127.0.0.1:$port; log tail:" >&2
-  tail -20 "$dir/tansu.log" >&2
-  stop_tansu "$dir"
-  return 1
+  if ! wait_ready tansu "127.0.0.1:$port" "$dir/tansu.pid" "$dir/tansu.log" \
+      bash -c "echo >/dev/tcp/127.0.0.1/$port"; then
+    stop_tansu "$dir"
+    return 1
+  fi
 }
 
 stop_tansu() {
-  local dir="$1" pid
-  [ -f "$dir/tansu.pid" ] || return 0
-  pid="$(cat "$dir/tansu.pid")"
-  if kill -TERM "$pid" 2>/dev/null; then
-    for _ in $(seq 1 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-    kill -KILL "$pid" 2>/dev/null || true
-  fi
-  rm -f "$dir/tansu.pid"
+  stop_pidfile "$1/tansu.pid"
 }
 
 case "${1:-}" in

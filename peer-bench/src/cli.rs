@@ -1,0 +1,34 @@
+//! Command-line flags of `jetstream-bench`: one round of one configuration per invocation.
+
+use clap::Parser;
+
+/// Runs one round of the `emctl bench` workload against NATS JetStream and prints one line.
+#[derive(Debug, Clone, Parser)]
+#[command(name = "jetstream-bench", version, about)]
+pub struct Cli {
+    /// The NATS server's client URL (`scripts/nats.sh start` prints it).
+    #[arg(long, env = "NATS_URL", default_value = "nats://127.0.0.1:4222")]
+    pub url: String,
+    /// The nats-server's pid, for its CPU and RSS (`DIR/nats.pid` of `scripts/nats.sh`);
+    /// without it those fields are null.
+    #[arg(long, env = "NATS_SERVER_PID")]
+    pub server_pid: Option<u32>,
+    /// Events published and consumed at full load (half load uses half of them).
+    #[arg(long, default_value_t = 200_000)]
+    pub events: u64,
+    /// Payload size in bytes.
+    #[arg(long, default_value_t = 256)]
+    pub size: usize,
+    /// Concurrent consumer tasks (each its own connection) pulling from one durable consumer.
+    #[arg(long, default_value_t = 1)]
+    pub streams: usize,
+    /// Messages asked for per pull request by each task.
+    #[arg(long, default_value_t = 1024)]
+    pub pull_batch: usize,
+    /// Skip the half-load phase (its fields are null).
+    #[arg(long)]
+    pub no_half_load: bool,
+    /// Print one JSON object instead of a human-readable line.
+    #[arg(long)]
+    pub json: bool,
+}
