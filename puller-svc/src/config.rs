@@ -188,7 +188,8 @@ pub struct Args {
     /// Local log retention, hours; 0 keeps everything [default: 168].
     #[arg(long, env = "EM_PULLER_RETENTION_HOURS")]
     pub retention_hours: Option<u64>,
-    /// fsync every local append.
+    /// fsync every local append write (one per publish batch and partition) before it is
+    /// answered: what was answered then survives power loss, not only a crash of the process.
     #[arg(long, env = "EM_PULLER_SYNC_APPENDS")]
     pub sync_appends: Option<bool>,
     /// Log format [default: text].

@@ -71,6 +71,9 @@ pub struct BenchArgs {
     /// Extra dispatcher-svc flag (repeat; e.g. `--dispatcher-arg=--ack-flush-ms=0`).
     #[arg(long = "dispatcher-arg", allow_hyphen_values = true)]
     dispatcher_args: Vec<String>,
+    /// Extra puller-svc flag (repeat; e.g. `--puller-arg=--sync-appends=true`).
+    #[arg(long = "puller-arg", allow_hyphen_values = true)]
+    puller_args: Vec<String>,
     /// Print results as JSON lines.
     #[arg(long)]
     json: bool,
@@ -120,6 +123,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
             ],
         );
     config = config.args(Service::Dispatcher, args.dispatcher_args.iter().cloned());
+    config = config.args(Service::Puller, args.puller_args.iter().cloned());
     config.log_filter = "warn".into();
     config.bin_dir = args.bin_dir.clone();
     if args.backend == Backend::Kafka {

@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# Side by side: our instance (`emctl bench`, local backend) against NATS JetStream
+# (`jetstream-bench`, peer-bench/) on this machine, rounds alternated (ours, peer, ours, peer…),
+# the same workload shape on both: N events published with acks (ours: the batching Publisher;
+# JetStream: async publish, acks awaited in batches), then consumed by S streams of one shared
+# group with one explicit ACK per message until nothing is pending, then ACK latency at half of
+# each side's measured rate. Prints every round as a JSON line, then a table of medians and
+# ranges with the ratios ours / JetStream.
+#
+#   scripts/bench-peer.sh [--events N] [--rounds R] [--sizes 256,1024] [--streams 1,8]
+#                         [--profile release|dev] [--sync]
+#
+# --sync: our local log fsyncs every append write (per batch and partition); JetStream keeps its
+# default (its file store does not fsync every write). Builds what it runs (cargo, --profile),
+# installs and starts nats-server (scripts/nats.sh) in a fresh directory, stops it at the end.
+source "$(dirname "$0")/common.sh"
+
+events=200000 rounds=5 sizes=256,1024 streams=1,8 profile=release sync=false
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --events) events="$2"; shift 2 ;;
+    --rounds) rounds="$2"; shift 2 ;;
+    --sizes) sizes="$2"; shift 2 ;;
+    --streams) streams="$2"; shift 2 ;;
+    --profile) profile="$2"; shift 2 ;;
+    --sync) sync=true; shift ;;
+    *) echo "unknown option $1 (see the header of $0)" >&2; exit 2 ;;
+  esac
+done
+
+ensure_build_deps
+log "building the services, emctl and jetstream-bench ($profile)"
+cargo build -q --profile "$profile" -p offset-svc -p puller-svc -p dispatcher-svc \
+  -p eventmesh-client -p eventmesh-peer-bench --bins
+bin_dir="$CARGO_TARGET_DIR/$([ "$profile" = dev ] && echo debug || echo "$profile")"
+
+work="$(mktemp -d "${TMPDIR:-/tmp}/em-bench-peer.XXXXXX")"
+trap 'bash "$REPO_ROOT/scripts/nats.sh" stop "$work/nats"; rm -rf "$work"' EXIT
+nats_url="$(bash "$REPO_ROOT/scripts/nats.sh" start "$work/nats" | tail -1)"
+nats_pid="$(cat "$work/nats/nats.pid")"
+results="$work/rounds.jsonl"
+
+for size in ${sizes//,/ }; do
+  for stream_count in ${streams//,/ }; do
+    for round in $(seq 1 "$rounds"); do
+      log "size $size B, $stream_count streams, round $round/$rounds: ours"
+      "$bin_dir/emctl" bench --events "$events" --sizes "$size" --streams "$stream_count" \
+        --data-dir "$work" --bin-dir "$bin_dir" --puller-arg="--sync-appends=$sync" --json \
+        | sed "s/^{/{\"side\":\"ours\",\"round\":$round,\"sync\":$sync,/" | tee -a "$results"
+      log "size $size B, $stream_count streams, round $round/$rounds: jetstream"
+      "$bin_dir/jetstream-bench" --url "$nats_url" --server-pid "$nats_pid" --events "$events" \
+        --size "$size" --streams "$stream_count" --json \
+        | sed "s/^{/{\"side\":\"jetstream\",\"round\":$round,/" | tee -a "$results"
+    done
+  done
+done
+
+python3 - "$results" <<'PY'
+import json, statistics, sys
+rows = [json.loads(line) for line in open(sys.argv[1]) if line.startswith("{")]
+def stat(side, size, streams, field):
+    values = [r[field] for r in rows if r["side"] == side and r["size"] == size
+              and r["streams"] == streams and r.get(field) is not None]
+    return (statistics.median(values), min(values), max(values)) if values else None
+def show(v, digits=0):
+    return "–" if v is None else f"{v[0]:,.{digits}f} ({v[1]:,.{digits}f}–{v[2]:,.{digits}f})"
+print()
+print("| size | streams | side | publish/s | delivered+ACKed/s | full ACK p50 / p99 ms | half rate/s | half ACK p50 / p99 ms |")
+print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+configs = sorted({(r["size"], r["streams"]) for r in rows})
+for size, streams in configs:
+    for side in ("ours", "jetstream"):
+        def med(field):
+            v = stat(side, size, streams, field)
+            return "–" if v is None else f"{v[0]:.2f}"
+        print(f"| {size} | {streams} | {side} | {show(stat(side, size, streams, 'publish_per_sec'))} "
+              f"| {show(stat(side, size, streams, 'e2e_per_sec'))} "
+              f"| {med('full_ack_p50_ms')} / {med('full_ack_p99_ms')} "
+              f"| {show(stat(side, size, streams, 'half_rate_per_sec'))} "
+              f"| {med('half_ack_p50_ms')} / {med('half_ack_p99_ms')} |")
+print()
+print("| size | streams | delivered+ACKed ours / JetStream | publish ours / JetStream |")
+print("| --- | --- | --- | --- |")
+for size, streams in configs:
+    def ratio(field):
+        a, b = stat("ours", size, streams, field), stat("jetstream", size, streams, field)
+        return "–" if not a or not b else f"{a[0] / b[0]:.2f}"
+    print(f"| {size} | {streams} | {ratio('e2e_per_sec')} | {ratio('publish_per_sec')} |")
+PY
