@@ -26,6 +26,7 @@ use std::time::Duration;
 
 use eventmesh_proto::client as pb;
 use eventmesh_proto::client::event_mesh_service_client::EventMeshServiceClient;
+use eventmesh_proto::SubscribeItem;
 use eventmesh_proto::client::{subscribe_request, subscribe_response};
 use futures::Stream;
 use tokio::sync::{mpsc, oneshot};
@@ -604,9 +605,10 @@ impl SessionTask {
         requests: mpsc::UnboundedSender<pb::SubscribeRequest>,
         mut stream: tonic::Streaming<pb::SubscribeResponse>,
     ) -> SessionEnd {
-        // A delivery taken from the stream that waits for room in the application's channel;
-        // the stream is not read meanwhile (back-pressure reaches the server's flow control).
-        let mut held: Option<Delivery> = None;
+        // Deliveries taken from the stream (one message may carry a batch) that wait for room
+        // in the application's channel; the stream is not read meanwhile (back-pressure reaches
+        // the server's flow control).
+        let mut held: std::collections::VecDeque<Delivery> = std::collections::VecDeque::new();
         let deliveries = self.deliveries.clone();
         loop {
             tokio::select! {
@@ -618,14 +620,14 @@ impl SessionTask {
                 Some(command) = self.commands.recv() => {
                     self.send_commands(command, &requests);
                 }
-                permit = deliveries.reserve(), if held.is_some() => {
+                permit = deliveries.reserve(), if !held.is_empty() => {
                     let Ok(permit) = permit else { return SessionEnd::Closed };
-                    if let Some(delivery) = held.take() {
+                    if let Some(delivery) = held.pop_front() {
                         permit.send(Ok(delivery));
                     }
                 }
-                message = stream.message(), if held.is_none() => match message {
-                    Ok(Some(message)) => held = self.receive(message, instance_id),
+                message = stream.message(), if held.is_empty() => match message {
+                    Ok(Some(message)) => held.extend(self.receive(message, instance_id)),
                     Ok(None) => return SessionEnd::Broken("the server ended the stream".into()),
                     Err(status) => return SessionEnd::Broken(format!("{}: {}", status.code(), status.message())),
                 },
@@ -690,14 +692,23 @@ impl SessionTask {
         }
     }
 
-    /// Handles one server message; returns a delivery for the application.
+    /// Handles one server message (a batch item by item); returns its deliveries for the
+    /// application.
     fn receive(
         &mut self,
         message: pb::SubscribeResponse,
         instance_id: &Arc<str>,
-    ) -> Option<Delivery> {
-        match message.kind? {
-            subscribe_response::Kind::Delivery(delivery) => {
+    ) -> Vec<Delivery> {
+        message
+            .into_items()
+            .into_iter()
+            .filter_map(|item| self.receive_item(item, instance_id))
+            .collect()
+    }
+
+    fn receive_item(&mut self, item: SubscribeItem, instance_id: &Arc<str>) -> Option<Delivery> {
+        match item {
+            SubscribeItem::Delivery(delivery) => {
                 Counters::bump(&self.counters.delivered);
                 if delivery.attempt > 1 {
                     Counters::bump(&self.counters.redelivered);
@@ -715,11 +726,11 @@ impl SessionTask {
                     commands: self.commands_tx.clone(),
                 })
             }
-            subscribe_response::Kind::AckResult(result) => {
+            SubscribeItem::AckResult(result) => {
                 self.settle(result);
                 None
             }
-            subscribe_response::Kind::Opened(_) => None,
+            SubscribeItem::Opened(_) => None,
         }
     }
 

@@ -6,9 +6,10 @@
 use std::time::Duration;
 
 use anyhow::{Context, bail};
+use eventmesh_proto::SubscribeItem;
 use eventmesh_proto::client as pb;
 use eventmesh_proto::client::event_mesh_service_client::EventMeshServiceClient;
-use eventmesh_proto::client::{subscribe_request, subscribe_response};
+use eventmesh_proto::client::subscribe_request;
 use eventmesh_proto::offset::ReadTopicOffsetsRequest;
 use eventmesh_proto::offset::offset_service_client::OffsetServiceClient;
 use tokio::sync::mpsc;
@@ -70,30 +71,32 @@ async fn main() -> anyhow::Result<()> {
             .await
             .context("no delivery within 10 s")??
             .context("stream ended")?;
-        match message.kind {
-            Some(subscribe_response::Kind::Delivery(d)) => {
-                let data = d
-                    .event
-                    .map(|e| String::from_utf8_lossy(&e.data).into_owned())
-                    .unwrap_or_default();
-                println!(
-                    "delivered {} (attempt {}, partition {} offset {}): {data}",
-                    d.delivery_id, d.attempt, d.partition, d.offset
-                );
-                tx.send(pb::SubscribeRequest {
-                    kind: Some(subscribe_request::Kind::Ack(pb::Ack {
-                        delivery_ids: vec![d.delivery_id],
-                    })),
-                })
-                .await?;
-            }
-            Some(subscribe_response::Kind::AckResult(r)) => {
-                println!("ack {} -> {:?}", r.delivery_id, r.outcome());
-                if r.outcome() == pb::AckOutcome::Durable {
-                    acked += 1;
+        for item in message.into_items() {
+            match item {
+                SubscribeItem::Delivery(d) => {
+                    let data = d
+                        .event
+                        .map(|e| String::from_utf8_lossy(&e.data).into_owned())
+                        .unwrap_or_default();
+                    println!(
+                        "delivered {} (attempt {}, partition {} offset {}): {data}",
+                        d.delivery_id, d.attempt, d.partition, d.offset
+                    );
+                    tx.send(pb::SubscribeRequest {
+                        kind: Some(subscribe_request::Kind::Ack(pb::Ack {
+                            delivery_ids: vec![d.delivery_id],
+                        })),
+                    })
+                    .await?;
                 }
+                SubscribeItem::AckResult(r) => {
+                    println!("ack {} -> {:?}", r.delivery_id, r.outcome());
+                    if r.outcome() == pb::AckOutcome::Durable {
+                        acked += 1;
+                    }
+                }
+                other => bail!("unexpected {other:?}"),
             }
-            other => bail!("unexpected {other:?}"),
         }
     }
     let stored = OffsetServiceClient::connect(offsets)

@@ -197,7 +197,7 @@ impl Default for DeliverySettings {
             topic_buffer_records: 20_000,
             topic_buffer_kib: 64 * 1024,
             group_grace_ms: 60_000,
-            ack_flush_ms: 2,
+            ack_flush_ms: 0,
             pull_batch: 512,
             sync_offsets: false,
             max_nack_delay_ms: 600_000,

@@ -38,6 +38,7 @@ pub mod group;
 pub mod offset_writer;
 pub mod pulling;
 pub mod registry;
+pub mod responses;
 pub mod server;
 pub mod service;
 pub mod watermark;

@@ -14,7 +14,7 @@
 
 use std::pin::Pin;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use eventmesh_common::keys::{ClientId, GroupName, Topic};
 use eventmesh_common::shutdown::CancellationToken;
@@ -28,20 +28,19 @@ use eventmesh_proto::client::{
 use eventmesh_proto::puller::PublishBatchRequest as PullerPublishBatch;
 use eventmesh_proto::puller::PublishRequest as PullerPublish;
 use eventmesh_proto::puller::puller_service_client::PullerServiceClient;
-use futures::{Stream, StreamExt};
+use futures::Stream;
 use tokio::sync::mpsc;
-use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::Channel;
 use tonic::{Request, Response, Status, Streaming};
 use tracing::Instrument;
 
 use crate::cluster::load::Asker;
-use crate::cluster::meter::Meter;
 use crate::delivery_id::DeliveryId;
 use crate::error::DispatcherError;
 use crate::event::encode_for_publish;
-use crate::group::{GroupCmd, Outbound, SessionLink, SettleOp, stamp_deadline};
+use crate::group::{GroupCmd, Outbound, SessionLink, SettleOp};
 use crate::registry::{GroupKey, Shared};
+use crate::responses::{Item, Responses};
 
 /// Responses buffered per session between the session task and the transport.
 const RESPONSE_BUFFER: usize = 64;
@@ -214,20 +213,6 @@ fn recommend_group(topic: &str, group: &str) -> Result<Option<GroupKey>, FieldEr
 }
 
 type SubscribeStream = Pin<Box<dyn Stream<Item = Result<SubscribeResponse, Status>> + Send>>;
-
-/// What the session task hands to the response stream.
-enum Item {
-    Delivery {
-        message: Box<pb::Delivery>,
-        seq: u64,
-        group: mpsc::UnboundedSender<GroupCmd>,
-    },
-    Response(Box<Result<SubscribeResponse, Status>>),
-}
-
-fn response(kind: subscribe_response::Kind) -> Item {
-    Item::Response(Box::new(Ok(SubscribeResponse { kind: Some(kind) })))
-}
 
 #[tonic::async_trait]
 impl EventMeshService for EventMeshGrpc {
@@ -444,7 +429,7 @@ impl EventMeshService for EventMeshGrpc {
             instance_id: self.shared.instance_id.clone(),
             max_in_flight: session.max_in_flight,
         });
-        let _ = responses.send(response(opened)).await;
+        let _ = responses.send(Item::alone(opened)).await;
         let task = SessionTask {
             shared: Arc::clone(&self.shared),
             client: session.client,
@@ -465,39 +450,13 @@ impl EventMeshService for EventMeshGrpc {
             }
             .instrument(span),
         );
-        let timeout = settings.ack_timeout();
-        let meter = Arc::clone(&self.shared.meter);
-        let stream = ReceiverStream::new(response_rx)
-            .map(move |item| written(item, session_id, timeout, &meter));
+        let stream = Responses::new(
+            response_rx,
+            session_id,
+            settings.ack_timeout(),
+            Arc::clone(&self.shared.meter),
+        );
         Ok(Response::new(Box::pin(stream)))
-    }
-}
-
-/// The transport takes an item: a delivery's ACK clock starts now.
-fn written(
-    item: Item,
-    session: u64,
-    timeout: Duration,
-    meter: &Meter,
-) -> Result<SubscribeResponse, Status> {
-    match item {
-        Item::Response(response) => *response,
-        Item::Delivery {
-            mut message,
-            seq,
-            group,
-        } => {
-            stamp_deadline(&mut message, timeout);
-            meter.delivered(message.event.as_ref().map_or(0, |e| e.data.len()));
-            let _ = group.send(GroupCmd::Written {
-                seq,
-                session,
-                at: Instant::now(),
-            });
-            Ok(SubscribeResponse {
-                kind: Some(subscribe_response::Kind::Delivery(*message)),
-            })
-        }
     }
 }
 
@@ -521,9 +480,9 @@ impl SessionTask {
                     let Some(outbound) = outbound else { return };
                     let item = match outbound {
                         Outbound::Delivery { message, seq, group } => Item::Delivery { message, seq, group },
-                        Outbound::Result(result) => response(subscribe_response::Kind::AckResult(result)),
+                        Outbound::Result(result) => Item::Result(result),
                         Outbound::End(status) => {
-                            let _ = self.responses.send(Item::Response(Box::new(Err(status)))).await;
+                            let _ = self.responses.send(Item::end(status)).await;
                             return;
                         }
                     };
@@ -536,7 +495,7 @@ impl SessionTask {
                 message = inbound.message() => match message {
                     Ok(Some(message)) => {
                         if let Err(status) = self.handle(message) {
-                            let _ = self.responses.send(Item::Response(Box::new(Err(status)))).await;
+                            let _ = self.responses.send(Item::end(status)).await;
                             return;
                         }
                     }
@@ -547,7 +506,7 @@ impl SessionTask {
                     }
                 },
                 () = shutdown.cancelled() => {
-                    let _ = self.responses.send(Item::Response(Box::new(Err(Status::unavailable("the instance is shutting down; reconnect (Recommend names another)"))))).await;
+                    let _ = self.responses.send(Item::end(Status::unavailable("the instance is shutting down; reconnect (Recommend names another)"))).await;
                     return;
                 }
             }

@@ -32,3 +32,35 @@ pub use eventmesh::v1 as client;
 
 /// The encoded `FileDescriptorSet` of every package, for gRPC server reflection.
 pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("eventmesh_descriptor");
+
+/// One message of a Subscribe response stream with batches taken apart: what a client acts on.
+#[derive(Debug, Clone, PartialEq)]
+pub enum SubscribeItem {
+    /// The answer to Open.
+    Opened(client::Opened),
+    /// An event to process and ACK.
+    Delivery(client::Delivery),
+    /// The outcome of an Ack, Nack or Extend.
+    AckResult(client::AckResult),
+}
+
+impl client::SubscribeResponse {
+    /// The items this message carries, in the order to act on them: a batch's deliveries, then
+    /// its results (a result never settles a delivery of the same batch). Empty for a message
+    /// without a kind.
+    pub fn into_items(self) -> Vec<SubscribeItem> {
+        use client::subscribe_response::Kind;
+        match self.kind {
+            None => Vec::new(),
+            Some(Kind::Opened(opened)) => vec![SubscribeItem::Opened(opened)],
+            Some(Kind::Delivery(delivery)) => vec![SubscribeItem::Delivery(delivery)],
+            Some(Kind::AckResult(result)) => vec![SubscribeItem::AckResult(result)],
+            Some(Kind::Batch(batch)) => batch
+                .deliveries
+                .into_iter()
+                .map(SubscribeItem::Delivery)
+                .chain(batch.ack_results.into_iter().map(SubscribeItem::AckResult))
+                .collect(),
+        }
+    }
+}

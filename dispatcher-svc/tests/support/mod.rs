@@ -16,6 +16,7 @@ use dispatcher_svc::registry::Shared;
 use eventmesh_common::shutdown::CancellationToken;
 use eventmesh_proto::client as pb;
 use eventmesh_proto::client::event_mesh_service_client::EventMeshServiceClient;
+use eventmesh_proto::SubscribeItem;
 use eventmesh_proto::client::{subscribe_request, subscribe_response};
 use eventmesh_proto::offset::ReadTopicOffsetsRequest;
 use eventmesh_proto::offset::offset_service_client::OffsetServiceClient;
@@ -356,9 +357,10 @@ pub async fn subscribe(addr: SocketAddr, open: pb::Open) -> Session {
 }
 
 impl Session {
-    async fn next(&mut self, wait: Duration) -> Option<subscribe_response::Kind> {
+    /// The next message's items (a batch taken apart); `None` at the end or after `wait`.
+    async fn next(&mut self, wait: Duration) -> Option<Vec<SubscribeItem>> {
         match tokio::time::timeout(wait, self.rx.message()).await {
-            Ok(Ok(Some(message))) => message.kind,
+            Ok(Ok(Some(message))) => Some(message.into_items()),
             Ok(Ok(None)) => None,
             Ok(Err(status)) => panic!("stream failed: {status}"),
             Err(_) => None,
@@ -373,11 +375,15 @@ impl Session {
             if left.is_zero() {
                 break;
             }
-            match self.next(left).await {
-                Some(subscribe_response::Kind::Delivery(d)) => self.deliveries.push(d),
-                Some(subscribe_response::Kind::AckResult(r)) => self.results.push(r),
-                Some(other) => panic!("unexpected {other:?}"),
-                None => break,
+            let Some(items) = self.next(left).await else {
+                break;
+            };
+            for item in items {
+                match item {
+                    SubscribeItem::Delivery(d) => self.deliveries.push(d),
+                    SubscribeItem::AckResult(r) => self.results.push(r),
+                    other => panic!("unexpected {other:?}"),
+                }
             }
         }
     }

@@ -1,0 +1,345 @@
+//! A Subscribe session's response stream.
+//!
+//! The session task hands [`Item`]s to a bounded channel; [`Responses`] turns them into
+//! messages. Each time the transport asks for the next message it takes what is ready —
+//! never waiting for more, so a lone delivery is not held back — up to [`MAX_BATCH_ITEMS`]
+//! items and about [`MAX_BATCH_DATA_BYTES`] of event data, and sends several as one
+//! `ResponseBatch` (one ready item alone keeps its single-item form). A delivery's ACK clock
+//! starts when it is taken into a message, and its group is told so.
+//!
+//! The channel is bounded and the transport takes a message only when the client reads, so a
+//! client that does not read stops its session task, which bounds what it can make us queue.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use eventmesh_proto::client as pb;
+use eventmesh_proto::client::{SubscribeResponse, subscribe_response};
+use futures::Stream;
+use tokio::sync::mpsc;
+use tonic::Status;
+
+use crate::cluster::meter::Meter;
+use crate::group::{GroupCmd, stamp_deadline};
+
+/// Most items in one batched message.
+pub const MAX_BATCH_ITEMS: usize = 256;
+/// Event data one batched message aims to stay under (a larger event goes alone).
+pub const MAX_BATCH_DATA_BYTES: usize = 1024 * 1024;
+
+/// What the session task hands to the response stream.
+pub enum Item {
+    /// A delivery, told to its group once taken into a message.
+    Delivery {
+        /// The delivery (its ACK deadline is stamped when taken).
+        message: Box<pb::Delivery>,
+        /// The group's sequence number of it.
+        seq: u64,
+        /// Where to report that it was written.
+        group: mpsc::UnboundedSender<GroupCmd>,
+    },
+    /// An outcome for the client.
+    Result(pb::AckResult),
+    /// A message sent on its own (Opened), or the status that ends the stream.
+    Alone(Box<Result<SubscribeResponse, Status>>),
+}
+
+impl Item {
+    /// A message sent on its own.
+    pub fn alone(kind: subscribe_response::Kind) -> Item {
+        Item::Alone(Box::new(Ok(SubscribeResponse { kind: Some(kind) })))
+    }
+
+    /// The status that ends the stream.
+    pub fn end(status: Status) -> Item {
+        Item::Alone(Box::new(Err(status)))
+    }
+}
+
+/// The stream of one session's responses.
+pub struct Responses {
+    items: mpsc::Receiver<Item>,
+    /// Taken from the channel but not fitting the previous message.
+    carried: Option<Item>,
+    session: u64,
+    ack_timeout: Duration,
+    meter: Arc<Meter>,
+}
+
+impl Responses {
+    /// The responses of `session`, whose deliveries get `ack_timeout` from when they are sent.
+    pub fn new(
+        items: mpsc::Receiver<Item>,
+        session: u64,
+        ack_timeout: Duration,
+        meter: Arc<Meter>,
+    ) -> Responses {
+        Responses {
+            items,
+            carried: None,
+            session,
+            ack_timeout,
+            meter,
+        }
+    }
+
+    /// Stamps a delivery's deadline, tells its group it was written, and counts its bytes.
+    fn take_delivery(
+        &self,
+        mut message: Box<pb::Delivery>,
+        seq: u64,
+        group: &mpsc::UnboundedSender<GroupCmd>,
+    ) -> pb::Delivery {
+        stamp_deadline(&mut message, self.ack_timeout);
+        self.meter
+            .delivered(message.event.as_ref().map_or(0, |e| e.data.len()));
+        let _ = group.send(GroupCmd::Written {
+            seq,
+            session: self.session,
+            at: Instant::now(),
+        });
+        *message
+    }
+}
+
+fn data_len(item: &Item) -> usize {
+    match item {
+        Item::Delivery { message, .. } => message.event.as_ref().map_or(0, |e| e.data.len()),
+        Item::Result(_) | Item::Alone(_) => 0,
+    }
+}
+
+impl Stream for Responses {
+    type Item = Result<SubscribeResponse, Status>;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = self.get_mut();
+        let first = match this.carried.take() {
+            Some(item) => item,
+            None => match this.items.poll_recv(cx) {
+                Poll::Ready(Some(item)) => item,
+                Poll::Ready(None) => return Poll::Ready(None),
+                Poll::Pending => return Poll::Pending,
+            },
+        };
+        if let Item::Alone(message) = first {
+            return Poll::Ready(Some(*message));
+        }
+        let mut data_bytes = data_len(&first);
+        let mut ready = vec![first];
+        while ready.len() < MAX_BATCH_ITEMS {
+            let Ok(next) = this.items.try_recv() else {
+                break;
+            };
+            let size = data_len(&next);
+            if matches!(next, Item::Alone(_)) || data_bytes + size > MAX_BATCH_DATA_BYTES {
+                this.carried = Some(next);
+                break;
+            }
+            data_bytes += size;
+            ready.push(next);
+        }
+        let mut batch = pb::ResponseBatch::default();
+        for item in ready {
+            match item {
+                Item::Delivery {
+                    message,
+                    seq,
+                    group,
+                } => batch
+                    .deliveries
+                    .push(this.take_delivery(message, seq, &group)),
+                Item::Result(result) => batch.ack_results.push(result),
+                Item::Alone(_) => {} // never gathered: carried to the next message above
+            }
+        }
+        let kind = match (batch.deliveries.len(), batch.ack_results.len()) {
+            (1, 0) => batch
+                .deliveries
+                .pop()
+                .map(subscribe_response::Kind::Delivery),
+            (0, 1) => batch
+                .ack_results
+                .pop()
+                .map(subscribe_response::Kind::AckResult),
+            _ => Some(subscribe_response::Kind::Batch(batch)),
+        };
+        Poll::Ready(Some(Ok(SubscribeResponse { kind })))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use futures::StreamExt;
+
+    use super::*;
+
+    fn delivery(n: u64, data_bytes: usize) -> pb::Delivery {
+        pb::Delivery {
+            delivery_id: format!("d{n}"),
+            event: Some(pb::Event {
+                data: vec![b'x'; data_bytes].into(),
+                ..pb::Event::default()
+            }),
+            ..pb::Delivery::default()
+        }
+    }
+
+    struct Harness {
+        items: mpsc::Sender<Item>,
+        group: mpsc::UnboundedSender<GroupCmd>,
+        written: mpsc::UnboundedReceiver<GroupCmd>,
+        responses: Responses,
+    }
+
+    fn harness() -> Harness {
+        let (items, rx) = mpsc::channel(1024);
+        let (group, written) = mpsc::unbounded_channel();
+        Harness {
+            items,
+            group,
+            written,
+            responses: Responses::new(rx, 7, Duration::from_secs(30), Arc::default()),
+        }
+    }
+
+    impl Harness {
+        async fn deliver(&self, n: u64, data_bytes: usize) {
+            let item = Item::Delivery {
+                message: Box::new(delivery(n, data_bytes)),
+                seq: n,
+                group: self.group.clone(),
+            };
+            assert!(self.items.send(item).await.is_ok());
+        }
+
+        async fn result(&self, id: &str) {
+            let result = pb::AckResult {
+                delivery_id: id.into(),
+                ..pb::AckResult::default()
+            };
+            assert!(self.items.send(Item::Result(result)).await.is_ok());
+        }
+
+        async fn next(&mut self) -> subscribe_response::Kind {
+            self.responses.next().await.unwrap().unwrap().kind.unwrap()
+        }
+    }
+
+    #[tokio::test]
+    async fn one_ready_item_keeps_its_single_form() {
+        let mut h = harness();
+        h.deliver(1, 10).await;
+        match h.next().await {
+            subscribe_response::Kind::Delivery(d) => {
+                assert_eq!(d.delivery_id, "d1");
+                assert!(d.ack_deadline_unix_ms > 0, "the deadline is stamped");
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(
+            h.written.try_recv(),
+            Ok(GroupCmd::Written {
+                seq: 1,
+                session: 7,
+                ..
+            })
+        ));
+        h.result("d1").await;
+        assert!(matches!(
+            h.next().await,
+            subscribe_response::Kind::AckResult(_)
+        ));
+    }
+
+    #[tokio::test]
+    async fn what_is_ready_goes_as_one_batch_in_order_and_alone_items_stay_alone() {
+        let mut h = harness();
+        for n in 0..300 {
+            h.deliver(n, 10).await;
+        }
+        h.result("r0").await;
+        let opened = subscribe_response::Kind::Opened(pb::Opened::default());
+        assert!(h.items.send(Item::alone(opened)).await.is_ok());
+        h.deliver(300, 10).await;
+
+        let subscribe_response::Kind::Batch(first) = h.next().await else {
+            panic!("a batch")
+        };
+        assert_eq!(first.deliveries.len(), MAX_BATCH_ITEMS);
+        let ids: Vec<_> = first
+            .deliveries
+            .iter()
+            .map(|d| d.delivery_id.clone())
+            .collect();
+        let expected: Vec<_> = (0..MAX_BATCH_ITEMS).map(|n| format!("d{n}")).collect();
+        assert_eq!(ids, expected, "deliveries keep their order");
+        let subscribe_response::Kind::Batch(second) = h.next().await else {
+            panic!("a batch")
+        };
+        assert_eq!(second.deliveries.len(), 300 - MAX_BATCH_ITEMS);
+        assert_eq!(second.ack_results.len(), 1);
+        assert!(matches!(
+            h.next().await,
+            subscribe_response::Kind::Opened(_)
+        ));
+        assert!(matches!(
+            h.next().await,
+            subscribe_response::Kind::Delivery(_)
+        ));
+        let mut written = 0;
+        while let Ok(GroupCmd::Written { .. }) = h.written.try_recv() {
+            written += 1;
+        }
+        assert_eq!(
+            written, 301,
+            "every delivery's group is told it was written"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_batch_stays_under_the_data_limit_and_a_large_event_goes_alone() {
+        let mut h = harness();
+        let third = MAX_BATCH_DATA_BYTES / 3;
+        for n in 0..4 {
+            h.deliver(n, third).await;
+        }
+        h.deliver(4, MAX_BATCH_DATA_BYTES * 2).await;
+        let subscribe_response::Kind::Batch(first) = h.next().await else {
+            panic!("a batch")
+        };
+        assert_eq!(first.deliveries.len(), 3);
+        assert!(
+            matches!(h.next().await, subscribe_response::Kind::Delivery(d) if d.delivery_id == "d3")
+        );
+        assert!(
+            matches!(h.next().await, subscribe_response::Kind::Delivery(d) if d.delivery_id == "d4")
+        );
+    }
+
+    #[tokio::test]
+    async fn the_end_status_ends_the_stream_after_what_came_before() {
+        let mut h = harness();
+        h.deliver(1, 10).await;
+        assert!(
+            h.items
+                .send(Item::end(Status::unavailable("bye")))
+                .await
+                .is_ok()
+        );
+        drop(h.items);
+        assert!(matches!(
+            h.responses.next().await,
+            Some(Ok(SubscribeResponse {
+                kind: Some(subscribe_response::Kind::Delivery(_))
+            }))
+        ));
+        let status = h.responses.next().await.unwrap().unwrap_err();
+        assert_eq!(status.code(), tonic::Code::Unavailable);
+        assert!(h.responses.next().await.is_none());
+    }
+}
