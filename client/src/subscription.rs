@@ -24,9 +24,9 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use eventmesh_proto::SubscribeItem;
 use eventmesh_proto::client as pb;
 use eventmesh_proto::client::event_mesh_service_client::EventMeshServiceClient;
-use eventmesh_proto::SubscribeItem;
 use eventmesh_proto::client::{subscribe_request, subscribe_response};
 use futures::Stream;
 use tokio::sync::{mpsc, oneshot};
@@ -694,11 +694,7 @@ impl SessionTask {
 
     /// Handles one server message (a batch item by item); returns its deliveries for the
     /// application.
-    fn receive(
-        &mut self,
-        message: pb::SubscribeResponse,
-        instance_id: &Arc<str>,
-    ) -> Vec<Delivery> {
+    fn receive(&mut self, message: pb::SubscribeResponse, instance_id: &Arc<str>) -> Vec<Delivery> {
         message
             .into_items()
             .into_iter()

@@ -98,10 +98,10 @@ async fn a_recreated_topic_rewinds_the_group_and_its_new_events_are_delivered() 
             match first.rx.message().await {
                 Ok(Some(message)) => {
                     assert!(
-                        !message
-                            .into_items()
-                            .iter()
-                            .any(|item| matches!(item, eventmesh_proto::SubscribeItem::Delivery(_))),
+                        !message.into_items().iter().any(|item| matches!(
+                            item,
+                            eventmesh_proto::SubscribeItem::Delivery(_)
+                        )),
                         "nothing is delivered from past the end"
                     );
                 }

@@ -31,6 +31,7 @@
 
 mod intake;
 mod sessions;
+mod settling;
 mod state;
 
 use std::collections::{BTreeSet, HashMap, VecDeque};
@@ -145,12 +146,12 @@ pub enum GroupCmd {
     },
     /// The offset writer's notice for a job.
     Write {
-        /// The job's token (a delivery sequence number; 0 for watermark-only flushes).
-        token: u64,
+        /// The deliveries whose values the job carried (none for watermark-only flushes).
+        tokens: Vec<u64>,
         /// What happened.
         notice: WriteNotice,
-        /// The group watermark the job wrote, if it wrote one.
-        cursor: Option<(PartitionId, i64)>,
+        /// The group watermarks the job wrote, per partition.
+        cursors: Vec<(PartitionId, i64)>,
     },
     /// A dead-letter copy is durable in `<topic>_DLQ`.
     DeadLettered {
@@ -225,6 +226,8 @@ pub(crate) struct Group {
     grace_until: Option<Instant>,
     closing: bool,
     writes_healthy: bool,
+    /// Settled deliveries waiting to be handed to the writer as one job.
+    settled: settling::SettledWrites,
     ended: watch::Sender<bool>,
 }
 
@@ -305,6 +308,7 @@ pub(crate) fn spawn(
         grace_until: None,
         closing: false,
         writes_healthy,
+        settled: settling::SettledWrites::default(),
         ended,
     };
     tokio::spawn(group.run(cmd_rx));
@@ -364,10 +368,14 @@ impl Group {
                     }
                 }
             }
+            if self.settled.due(commands.is_empty()) {
+                self.flush_settled();
+            }
             if self.closing && self.deliveries.is_empty() {
                 break;
             }
         }
+        self.flush_settled();
         self.flush_watermarks();
         let _ = self.gate.send(PullGate::Closed);
         // Batches still queued were never admitted: return their budget.
@@ -427,10 +435,10 @@ impl Group {
             GroupCmd::Written { seq, session, at } => self.written(seq, session, at),
             GroupCmd::Pulled { batch, charge } => self.pulled(batch, charge),
             GroupCmd::Write {
-                token,
+                tokens,
                 notice,
-                cursor,
-            } => self.write_notice(token, notice, cursor),
+                cursors,
+            } => self.write_notice(tokens, notice, cursors),
             GroupCmd::DeadLettered { seq } => self.dead_lettered(seq),
             GroupCmd::Stop | GroupCmd::End { .. } => {}
         }
@@ -625,33 +633,40 @@ impl Group {
                 self.clients.remove(&key);
             }
         }
-        self.submit(seq, entries, cursor);
+        self.settled.add(seq, entries, cursor);
+    }
+
+    /// Hands what the settled deliveries need durable to the writer as one job.
+    fn flush_settled(&mut self) {
+        if let Some(job) = self.settled.take() {
+            self.submit(job.tokens, job.entries, job.cursors);
+        }
     }
 
     fn submit(
         &self,
-        token: u64,
+        tokens: Vec<u64>,
         entries: Vec<(OffsetKey, i64)>,
-        cursor: Option<(PartitionId, i64)>,
+        cursors: Vec<(PartitionId, i64)>,
     ) {
         let group = self.cmd_tx.clone();
         let mirror = self.shared.cluster.clone();
         let key = self.key.clone();
         self.shared.writer.submit(WriteJob {
             entries,
-            token,
-            listener: Arc::new(move |token, notice| {
+            token: 0,
+            listener: Arc::new(move |_, notice| {
                 // Durable progress is what the mirror carries to a group's next home; told
                 // here, in the writer, so a group's last flush is mirrored after it ended.
-                if let (Some(cluster), Some((partition, watermark)), WriteNotice::Durable) =
-                    (&mirror, &cursor, notice)
-                {
-                    cluster.mirror().note(&key, partition, *watermark);
+                if let (Some(cluster), WriteNotice::Durable) = (&mirror, notice) {
+                    for (partition, watermark) in &cursors {
+                        cluster.mirror().note(&key, partition, *watermark);
+                    }
                 }
                 let _ = group.send(GroupCmd::Write {
-                    token,
+                    tokens: tokens.clone(),
                     notice,
-                    cursor: cursor.clone(),
+                    cursors: cursors.clone(),
                 });
             }),
         });
@@ -683,29 +698,38 @@ impl Group {
 
     fn write_notice(
         &mut self,
-        token: u64,
+        tokens: Vec<u64>,
         notice: WriteNotice,
-        cursor: Option<(PartitionId, i64)>,
+        cursors: Vec<(PartitionId, i64)>,
     ) {
         match notice {
             WriteNotice::Pending => {
-                let Some(delivery) = self.deliveries.get(&token) else {
-                    return; // a watermark-only flush
-                };
-                for waiter in &delivery.waiters {
-                    let _ = waiter.send(result(
-                        &delivery.id,
-                        AckOutcome::Pending,
-                        "ACK accepted; the offset store is unavailable and the write is being retried",
-                    ));
+                for token in tokens {
+                    let Some(delivery) = self.deliveries.get(&token) else {
+                        continue; // retired meanwhile
+                    };
+                    for waiter in &delivery.waiters {
+                        let _ = waiter.send(result(
+                            &delivery.id,
+                            AckOutcome::Pending,
+                            "ACK accepted; the offset store is unavailable and the write is being retried",
+                        ));
+                    }
                 }
             }
             WriteNotice::Durable => {
-                crash_point(CrashPoint::AfterOffsetWrite);
-                if let Some((partition, watermark)) = cursor {
-                    self.stored(&partition, watermark);
+                // The crash point counts deliveries whose write is durable (and watermark-only
+                // flushes), however many one job carried.
+                if tokens.is_empty() {
+                    crash_point(CrashPoint::AfterOffsetWrite);
                 }
-                self.written_durably(token);
+                for (partition, watermark) in &cursors {
+                    self.stored(partition, *watermark);
+                }
+                for token in tokens {
+                    crash_point(CrashPoint::AfterOffsetWrite);
+                    self.written_durably(token);
+                }
             }
         }
     }
@@ -791,7 +815,7 @@ impl Group {
                 if let Some(total) = lost {
                     entries.push((self.lost_key(&partition), total));
                 }
-                self.submit(0, entries, Some((partition, watermark)));
+                self.submit(Vec::new(), entries, vec![(partition, watermark)]);
             }
         }
     }
