@@ -151,7 +151,8 @@ pub struct DeliverySettings {
     pub topic_buffer_kib: u32,
     /// How long a group without sessions keeps its deliveries before dead-lettering them, ms.
     pub group_grace_ms: u64,
-    /// ACKs arriving within this window share one offset write, ms.
+    /// Extra wait before an offset write to gather more ACKs, ms; 0 writes as soon as the
+    /// previous write returned (one write in flight, whatever arrived meanwhile goes together).
     pub ack_flush_ms: u64,
     /// Records asked for per pull.
     pub pull_batch: u32,
@@ -344,7 +345,8 @@ pub struct Args {
     /// Grace period of a group without sessions, ms [default: 60000].
     #[arg(long, env = "EM_DISPATCHER_GROUP_GRACE_MS")]
     pub group_grace_ms: Option<u64>,
-    /// ACK coalescing window, ms [default: 2].
+    /// Extra wait before an offset write to gather more ACKs, ms; 0 writes as soon as the
+    /// previous write returned [default: 0].
     #[arg(long, env = "EM_DISPATCHER_ACK_FLUSH_MS")]
     pub ack_flush_ms: Option<u64>,
     /// Records per pull [default: 512].

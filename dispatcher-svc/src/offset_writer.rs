@@ -1,9 +1,11 @@
 //! The offset writer: step 1 of the ACK chain (DESIGN §3).
 //!
-//! Every ACK (and every dead-letter, and every idle watermark flush) becomes a job carrying
-//! the values it needs durable: the group's gap-free watermark under `__mqcursor…__` and the
-//! client's own watermark. Jobs arriving within the flush window share **one** `WriteOffsets`
-//! call (one RocksDB write batch in offset-svc). When it succeeds every job in it is told
+//! Every burst of ACKs a group settled (and every dead-letter, and every idle watermark flush)
+//! becomes a job carrying the values it needs durable: the group's gap-free watermark under
+//! `__mqcursor…__` and the clients' own watermarks. One write is in flight at a time: the jobs
+//! that arrived while it ran (plus those within the optional flush window, `ack_flush_ms`, 0 by
+//! default) share the next `WriteOffsets` call (one RocksDB write batch in offset-svc). When it
+//! succeeds every job in it is told
 //! [`WriteNotice::Durable`]; only then may the dispatcher retire the delivery and forward the
 //! broker ACK. When it fails, each job is told [`WriteNotice::Pending`] once ("ACKed, write
 //! pending", DESIGN §6), the writer reports itself unhealthy (pulling pauses, readiness goes
