@@ -8,8 +8,10 @@
 //! bytes, with at most [`PublisherOptions::max_in_flight_batches`] batches in flight
 //! ([`Client::publish_batch`], with its per-event retry rule: every event keeps its id).
 //!
-//! Memory is bounded: the queue holds at most `max_batch_events × max_in_flight_batches`
-//! events; `submit` waits for room. Order: events of one batch keep their order per key;
+//! Memory is bounded: queued and in-flight events hold at most
+//! `max_batch_events × max_in_flight_batches` events and `max_batch_bytes ×
+//! max_in_flight_batches` encoded bytes (an event larger than that alone takes all of it);
+//! `submit` waits for room. Order: events of one batch keep their order per key;
 //! batches in flight concurrently may overtake each other, so events that must stay in order
 //! either go through a publisher with `max_in_flight_batches = 1` or wait for each other's
 //! answers.
@@ -21,7 +23,7 @@ use std::sync::Arc;
 
 use eventmesh_proto::client as pb;
 use prost::Message;
-use tokio::sync::{Semaphore, mpsc, oneshot};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 
 use crate::client::{Client, MAX_MESSAGE, Published};
 use crate::error::ClientError;
@@ -31,8 +33,8 @@ use crate::error::ClientError;
 pub struct PublisherOptions {
     /// Most events in one batch (at most 10,000, the server's limit).
     pub max_batch_events: usize,
-    /// Most encoded event bytes in one batch (an event larger than this goes alone). Kept
-    /// under the SDK's 9 MiB message limit.
+    /// Most encoded event bytes in one batch (an event larger than this goes alone). At most
+    /// 8 MiB, leaving room under the SDK's 9 MiB message limit for ids and framing.
     pub max_batch_bytes: usize,
     /// Most batches waiting for their answers at once.
     pub max_in_flight_batches: usize,
@@ -50,13 +52,17 @@ impl Default for PublisherOptions {
 
 /// The server's limit on events per batch.
 const MAX_BATCH_EVENTS: usize = 10_000;
-/// Room left in a batch's message for the request around the events.
-const BATCH_ENVELOPE_BYTES: usize = 64 * 1024;
+/// Largest `max_batch_bytes`: the SDK's message limit less room for what is added to each
+/// event after it is measured (a generated id, per-entry framing: ~50 bytes × 10,000).
+const MAX_BATCH_BYTES: usize = MAX_MESSAGE - 1024 * 1024;
 
 /// Publishes to one topic in pipelined batches. Cheap to clone; clones share the queue.
 #[derive(Debug, Clone)]
 pub struct Publisher {
     queue: mpsc::Sender<Queued>,
+    /// Encoded bytes queued or in flight may not exceed its permits.
+    room: Arc<Semaphore>,
+    room_bytes: usize,
 }
 
 /// One event waiting for its batch.
@@ -65,6 +71,8 @@ struct Queued {
     key: String,
     event: pb::Event,
     answer: oneshot::Sender<Result<Published, ClientError>>,
+    /// Its share of the byte budget, returned once it is answered.
+    room: OwnedSemaphorePermit,
 }
 
 /// The answer to one submitted event; resolves once it is stored (or refused).
@@ -88,26 +96,35 @@ impl Publisher {
     pub fn new(client: Client, topic: impl Into<String>, options: PublisherOptions) -> Publisher {
         let options = PublisherOptions {
             max_batch_events: options.max_batch_events.clamp(1, MAX_BATCH_EVENTS),
-            max_batch_bytes: options
-                .max_batch_bytes
-                .clamp(1, MAX_MESSAGE - BATCH_ENVELOPE_BYTES),
+            max_batch_bytes: options.max_batch_bytes.clamp(1, MAX_BATCH_BYTES),
             max_in_flight_batches: options.max_in_flight_batches.max(1),
         };
         let (queue, queued) =
             mpsc::channel(options.max_batch_events * options.max_in_flight_batches);
         tokio::spawn(run_batches(client, topic.into(), options, queued));
-        Publisher { queue }
+        let room_bytes = options.max_batch_bytes * options.max_in_flight_batches;
+        Publisher {
+            queue,
+            room: Arc::new(Semaphore::new(room_bytes)),
+            room_bytes,
+        }
     }
 
     /// Queues `event` (with an ordering key; empty lets the backend spread) and returns its
     /// pending answer; waits while the queue is full.
     pub async fn submit(&self, key: &str, event: pb::Event) -> Result<PendingPublish, ClientError> {
         let (answer, pending) = oneshot::channel();
+        let size = (event.encoded_len() + key.len()).clamp(1, self.room_bytes);
+        let room = Arc::clone(&self.room)
+            .acquire_many_owned(u32::try_from(size).unwrap_or(u32::MAX))
+            .await
+            .map_err(|_| ClientError::Closed)?;
         self.queue
             .send(Queued {
                 key: key.to_owned(),
                 event,
                 answer,
+                room,
             })
             .await
             .map_err(|_| ClientError::Closed)?;
@@ -167,10 +184,15 @@ async fn run_batches(
 
 /// Sends one batch and hands each event its answer.
 async fn send_batch(client: &Client, topic: &str, batch: Vec<Queued>) {
-    let (events, answers): (Vec<_>, Vec<_>) = batch
-        .into_iter()
-        .map(|queued| ((queued.key, queued.event), queued.answer))
-        .unzip();
+    let mut events = Vec::with_capacity(batch.len());
+    let mut answers = Vec::with_capacity(batch.len());
+    // The events' byte budget goes back only once they are answered.
+    let mut room = Vec::with_capacity(batch.len());
+    for queued in batch {
+        events.push((queued.key, queued.event));
+        answers.push(queued.answer);
+        room.push(queued.room);
+    }
     match client.publish_batch(topic, events).await {
         Ok(results) => {
             for (answer, result) in answers.into_iter().zip(results) {
@@ -184,4 +206,5 @@ async fn send_batch(client: &Client, topic: &str, batch: Vec<Queued>) {
             }
         }
     }
+    drop(room);
 }

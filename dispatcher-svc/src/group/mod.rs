@@ -800,6 +800,9 @@ impl Group {
 
     /// Writes watermark progress no ACK carried (skipped offsets, idle partitions).
     fn flush_watermarks(&mut self) {
+        // Settled deliveries first: their job may carry a lost-offset count that must be
+        // written with (or before) any watermark that passes it, and the writer keeps order.
+        self.flush_settled();
         let keys: Vec<PartitionId> = self.partitions.keys().cloned().collect();
         for partition in keys {
             let Some(track) = self.partitions.get_mut(&partition) else {

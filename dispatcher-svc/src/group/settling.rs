@@ -16,6 +16,8 @@ use eventmesh_common::keys::{OffsetKey, PartitionId};
 
 /// Most deliveries collected before a job is handed over even though commands keep coming.
 pub const MAX_SETTLED_PER_JOB: usize = 1024;
+/// Most commands handled after the first delivery was collected before the job is handed over.
+pub const MAX_COMMANDS_PER_JOB: usize = 4096;
 
 /// What the deliveries settled since the last hand-over need durable.
 #[derive(Debug, Default)]
@@ -26,6 +28,8 @@ pub struct SettledWrites {
     entries: HashMap<OffsetKey, i64>,
     /// The highest group watermark per partition among the entries.
     cursors: HashMap<PartitionId, i64>,
+    /// Commands handled since the first delivery of this job was collected.
+    commands_since_first: usize,
 }
 
 /// One write job's contents.
@@ -57,10 +61,18 @@ impl SettledWrites {
         }
     }
 
-    /// Whether to hand the job over now: something is collected and either nothing else is
-    /// queued or the job is full.
-    pub fn due(&self, queue_empty: bool) -> bool {
-        !self.tokens.is_empty() && (queue_empty || self.tokens.len() >= MAX_SETTLED_PER_JOB)
+    /// Whether to hand the job over now (called once per command handled): something is
+    /// collected and either nothing else is queued, the job is full, or
+    /// [`MAX_COMMANDS_PER_JOB`] commands went by since the first delivery was collected — so
+    /// a client flooding other commands cannot hold settled ACKs back.
+    pub fn due(&mut self, queue_empty: bool) -> bool {
+        if self.tokens.is_empty() {
+            return false;
+        }
+        self.commands_since_first += 1;
+        queue_empty
+            || self.tokens.len() >= MAX_SETTLED_PER_JOB
+            || self.commands_since_first >= MAX_COMMANDS_PER_JOB
     }
 
     /// Takes what was collected (`None` when nothing was).
@@ -68,6 +80,7 @@ impl SettledWrites {
         if self.tokens.is_empty() {
             return None;
         }
+        self.commands_since_first = 0;
         Some(SettledJob {
             tokens: std::mem::take(&mut self.tokens),
             entries: self.entries.drain().collect(),
@@ -129,6 +142,25 @@ mod tests {
         );
         assert_eq!(job.cursors, vec![(PartitionId::number(0), 7)]);
         assert!(settled.take().is_none(), "taken once");
+    }
+
+    #[test]
+    fn a_job_is_due_after_many_other_commands() {
+        let mut settled = SettledWrites::default();
+        settled.add(1, vec![(key("a"), 1)], None);
+        for _ in 1..MAX_COMMANDS_PER_JOB {
+            assert!(!settled.due(false));
+        }
+        assert!(
+            settled.due(false),
+            "a flood of other commands cannot hold it back"
+        );
+        assert!(settled.take().is_some());
+        settled.add(2, vec![(key("a"), 2)], None);
+        assert!(
+            !settled.due(false),
+            "the count starts again with the next job"
+        );
     }
 
     #[test]

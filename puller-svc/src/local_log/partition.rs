@@ -146,6 +146,9 @@ pub struct PartitionLog {
     dir: PathBuf,
     settings: LogSettings,
     segments: Vec<Segment>,
+    /// Set when a failed write could not be cut off: the file's tail no longer matches the
+    /// index, so appends are refused until a restart recovers the segment.
+    broken: Option<String>,
 }
 
 fn segment_path(dir: &Path, base: i64) -> PathBuf {
@@ -295,6 +298,7 @@ impl PartitionLog {
             dir,
             settings,
             segments,
+            broken: None,
         };
         log.enforce_retention(now_ms())?;
         Ok(log)
@@ -394,7 +398,10 @@ impl PartitionLog {
         let mut results = Vec::with_capacity(records.size_hint().0);
         let mut pending = PendingWrite::default();
         // Why a write failed: every record after it fails with the same reason.
-        let mut failed: Option<(io::ErrorKind, String)> = None;
+        let mut failed: Option<(io::ErrorKind, String)> = self
+            .broken
+            .as_ref()
+            .map(|why| (io::ErrorKind::Other, why.clone()));
         for (key, body) in records {
             if let Some((kind, why)) = &failed {
                 results.push(Err(LogError::Io {
@@ -479,7 +486,11 @@ impl PartitionLog {
             // in the file. If even that fails, reads past the index see a bad record and the
             // next start recovers the segment.
             if let Err(truncate) = segment.file.set_len(segment.size) {
-                tracing::error!(path = %segment.path.display(), error = %truncate, "cannot cut a failed append off the local log");
+                tracing::error!(path = %segment.path.display(), error = %truncate, "cannot cut a failed append off the local log; refusing appends to this partition until a restart");
+                self.broken = Some(format!(
+                    "{}: a failed append could not be cut off ({truncate}); appends are refused until a restart recovers the segment",
+                    segment.path.display()
+                ));
             }
             for (index, _) in pending.records.drain(..) {
                 results[index] = Err(LogError::Io {
