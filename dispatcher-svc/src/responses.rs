@@ -1,7 +1,8 @@
 //! A Subscribe session's response stream.
 //!
-//! The session task hands [`Item`]s to a bounded channel; [`Responses`] turns them into
-//! messages. Each time the transport asks for the next message it takes what is ready —
+//! The stream opens with the session's `Opened`; then the session task hands the group's
+//! [`Outbound`] messages to a bounded channel and [`Responses`] turns them into messages (an
+//! `End` status ends the stream, after what came before it). Each time the transport asks for the next message it takes what is ready —
 //! never waiting for more, so a lone delivery is not held back — up to [`MAX_BATCH_ITEMS`]
 //! items and about [`MAX_BATCH_BYTES`] encoded, and sends several as one
 //! `ResponseBatch` (one ready item alone keeps its single-item form). A delivery's ACK clock
@@ -23,7 +24,7 @@ use tokio::sync::mpsc;
 use tonic::Status;
 
 use crate::cluster::meter::Meter;
-use crate::group::{GroupCmd, stamp_deadline};
+use crate::group::{GroupCmd, Outbound, stamp_deadline};
 
 /// Most items in one batched message.
 pub const MAX_BATCH_ITEMS: usize = 256;
@@ -31,54 +32,30 @@ pub const MAX_BATCH_ITEMS: usize = 256;
 /// before batching: a client's message limit fits any single delivery).
 pub const MAX_BATCH_BYTES: usize = 1024 * 1024;
 
-/// What the session task hands to the response stream.
-pub enum Item {
-    /// A delivery, told to its group once taken into a message.
-    Delivery {
-        /// The delivery (its ACK deadline is stamped when taken).
-        message: Box<pb::Delivery>,
-        /// The group's sequence number of it.
-        seq: u64,
-        /// Where to report that it was written.
-        group: mpsc::UnboundedSender<GroupCmd>,
-    },
-    /// An outcome for the client.
-    Result(pb::AckResult),
-    /// A message sent on its own (Opened), or the status that ends the stream.
-    Alone(Box<Result<SubscribeResponse, Status>>),
-}
-
-impl Item {
-    /// A message sent on its own.
-    pub fn alone(kind: subscribe_response::Kind) -> Item {
-        Item::Alone(Box::new(Ok(SubscribeResponse { kind: Some(kind) })))
-    }
-
-    /// The status that ends the stream.
-    pub fn end(status: Status) -> Item {
-        Item::Alone(Box::new(Err(status)))
-    }
-}
-
 /// The stream of one session's responses.
 pub struct Responses {
-    items: mpsc::Receiver<Item>,
+    /// Sent first.
+    opened: Option<pb::Opened>,
+    items: mpsc::Receiver<Outbound>,
     /// Taken from the channel but not fitting the previous message.
-    carried: Option<Item>,
+    carried: Option<Outbound>,
     session: u64,
     ack_timeout: Duration,
     meter: Arc<Meter>,
 }
 
 impl Responses {
-    /// The responses of `session`, whose deliveries get `ack_timeout` from when they are sent.
+    /// The responses of `session` (`opened` first), whose deliveries get `ack_timeout` from
+    /// when they are sent.
     pub fn new(
-        items: mpsc::Receiver<Item>,
+        opened: pb::Opened,
+        items: mpsc::Receiver<Outbound>,
         session: u64,
         ack_timeout: Duration,
         meter: Arc<Meter>,
     ) -> Responses {
         Responses {
+            opened: Some(opened),
             items,
             carried: None,
             session,
@@ -108,11 +85,11 @@ impl Responses {
 
 /// An item's encoded size: data, key, attributes and all (a client's message limit counts
 /// every byte).
-fn encoded_len(item: &Item) -> usize {
+fn encoded_len(item: &Outbound) -> usize {
     match item {
-        Item::Delivery { message, .. } => message.encoded_len(),
-        Item::Result(result) => result.encoded_len(),
-        Item::Alone(_) => 0,
+        Outbound::Delivery { message, .. } => message.encoded_len(),
+        Outbound::Result(result) => result.encoded_len(),
+        Outbound::End(_) => 0,
     }
 }
 
@@ -121,6 +98,11 @@ impl Stream for Responses {
 
     fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         let this = self.get_mut();
+        if let Some(opened) = this.opened.take() {
+            return Poll::Ready(Some(Ok(SubscribeResponse {
+                kind: Some(subscribe_response::Kind::Opened(opened)),
+            })));
+        }
         let first = match this.carried.take() {
             Some(item) => item,
             None => match this.items.poll_recv(cx) {
@@ -129,8 +111,8 @@ impl Stream for Responses {
                 Poll::Pending => return Poll::Pending,
             },
         };
-        if let Item::Alone(message) = first {
-            return Poll::Ready(Some(*message));
+        if let Outbound::End(status) = first {
+            return Poll::Ready(Some(Err(status)));
         }
         let mut bytes = encoded_len(&first);
         let mut ready = vec![first];
@@ -139,7 +121,7 @@ impl Stream for Responses {
                 break;
             };
             let size = encoded_len(&next);
-            if matches!(next, Item::Alone(_)) || bytes + size > MAX_BATCH_BYTES {
+            if matches!(next, Outbound::End(_)) || bytes + size > MAX_BATCH_BYTES {
                 this.carried = Some(next);
                 break;
             }
@@ -149,15 +131,15 @@ impl Stream for Responses {
         let mut batch = pb::ResponseBatch::default();
         for item in ready {
             match item {
-                Item::Delivery {
+                Outbound::Delivery {
                     message,
                     seq,
                     group,
                 } => batch
                     .deliveries
                     .push(this.take_delivery(message, seq, &group)),
-                Item::Result(result) => batch.ack_results.push(result),
-                Item::Alone(_) => {} // never gathered: carried to the next message above
+                Outbound::Result(result) => batch.ack_results.push(result),
+                Outbound::End(_) => {} // never gathered: carried to the next message above
             }
         }
         let kind = match (batch.deliveries.len(), batch.ack_results.len()) {
@@ -195,26 +177,36 @@ mod tests {
     }
 
     struct Harness {
-        items: mpsc::Sender<Item>,
+        items: mpsc::Sender<Outbound>,
         group: mpsc::UnboundedSender<GroupCmd>,
         written: mpsc::UnboundedReceiver<GroupCmd>,
         responses: Responses,
     }
 
-    fn harness() -> Harness {
+    /// A session's stream, its `Opened` already taken (checked to come first).
+    async fn harness() -> Harness {
         let (items, rx) = mpsc::channel(1024);
         let (group, written) = mpsc::unbounded_channel();
-        Harness {
+        let opened = pb::Opened {
+            session_id: "s7".into(),
+            ..pb::Opened::default()
+        };
+        let mut h = Harness {
             items,
             group,
             written,
-            responses: Responses::new(rx, 7, Duration::from_secs(30), Arc::default()),
-        }
+            responses: Responses::new(opened, rx, 7, Duration::from_secs(30), Arc::default()),
+        };
+        assert!(matches!(
+            h.next().await,
+            subscribe_response::Kind::Opened(o) if o.session_id == "s7"
+        ));
+        h
     }
 
     impl Harness {
         async fn deliver(&self, n: u64, data_bytes: usize) {
-            let item = Item::Delivery {
+            let item = Outbound::Delivery {
                 message: Box::new(delivery(n, data_bytes)),
                 seq: n,
                 group: self.group.clone(),
@@ -227,7 +219,7 @@ mod tests {
                 delivery_id: id.into(),
                 ..pb::AckResult::default()
             };
-            assert!(self.items.send(Item::Result(result)).await.is_ok());
+            assert!(self.items.send(Outbound::Result(result)).await.is_ok());
         }
 
         async fn next(&mut self) -> subscribe_response::Kind {
@@ -237,7 +229,7 @@ mod tests {
 
     #[tokio::test]
     async fn one_ready_item_keeps_its_single_form() {
-        let mut h = harness();
+        let mut h = harness().await;
         h.deliver(1, 10).await;
         match h.next().await {
             subscribe_response::Kind::Delivery(d) => {
@@ -263,13 +255,13 @@ mod tests {
 
     #[tokio::test]
     async fn what_is_ready_goes_as_one_batch_in_order_and_alone_items_stay_alone() {
-        let mut h = harness();
+        let mut h = harness().await;
         for n in 0..300 {
             h.deliver(n, 10).await;
         }
         h.result("r0").await;
-        let opened = subscribe_response::Kind::Opened(pb::Opened::default());
-        assert!(h.items.send(Item::alone(opened)).await.is_ok());
+        let end = Outbound::End(Status::unavailable("bye"));
+        assert!(h.items.send(end).await.is_ok());
         h.deliver(300, 10).await;
 
         let subscribe_response::Kind::Batch(first) = h.next().await else {
@@ -288,10 +280,12 @@ mod tests {
         };
         assert_eq!(second.deliveries.len(), 300 - MAX_BATCH_ITEMS);
         assert_eq!(second.ack_results.len(), 1);
-        assert!(matches!(
-            h.next().await,
-            subscribe_response::Kind::Opened(_)
-        ));
+        let status = h.responses.next().await.unwrap().unwrap_err();
+        assert_eq!(
+            status.code(),
+            tonic::Code::Unavailable,
+            "the end status stays alone"
+        );
         assert!(matches!(
             h.next().await,
             subscribe_response::Kind::Delivery(_)
@@ -308,7 +302,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_batch_stays_under_the_data_limit_and_a_large_event_goes_alone() {
-        let mut h = harness();
+        let mut h = harness().await;
         // Three fit with their framing; a fourth does not.
         let third = MAX_BATCH_BYTES / 3 - 100;
         for n in 0..4 {
@@ -329,11 +323,11 @@ mod tests {
 
     #[tokio::test]
     async fn the_end_status_ends_the_stream_after_what_came_before() {
-        let mut h = harness();
+        let mut h = harness().await;
         h.deliver(1, 10).await;
         assert!(
             h.items
-                .send(Item::end(Status::unavailable("bye")))
+                .send(Outbound::End(Status::unavailable("bye")))
                 .await
                 .is_ok()
         );

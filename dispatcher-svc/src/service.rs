@@ -23,7 +23,7 @@ use eventmesh_proto::client as pb;
 use eventmesh_proto::client::event_mesh_service_server::EventMeshService;
 use eventmesh_proto::client::{
     AckOutcome, StartPosition, SubscribeRequest, SubscribeResponse, SubscriptionMode,
-    subscribe_request, subscribe_response,
+    subscribe_request,
 };
 use eventmesh_proto::puller::PublishBatchRequest as PullerPublishBatch;
 use eventmesh_proto::puller::PublishRequest as PullerPublish;
@@ -40,7 +40,7 @@ use crate::error::DispatcherError;
 use crate::event::encode_for_publish;
 use crate::group::{GroupCmd, Outbound, SessionLink, SettleOp};
 use crate::registry::{GroupKey, Shared};
-use crate::responses::{Item, Responses};
+use crate::responses::Responses;
 
 /// Responses buffered per session between the session task and the transport.
 const RESPONSE_BUFFER: usize = 64;
@@ -423,13 +423,12 @@ impl EventMeshService for EventMeshGrpc {
         let span = tracing::info_span!("session", session = session_id, client = %session.client, group = %session.key);
         tracing::info!(parent: &span, max_in_flight = session.max_in_flight, "session opened");
         let (responses, response_rx) = mpsc::channel(RESPONSE_BUFFER);
-        let opened = subscribe_response::Kind::Opened(pb::Opened {
+        let opened = pb::Opened {
             session_id: format!("{:x}.{session_id:x}", self.shared.epoch),
             group: session.key.label(),
             instance_id: self.shared.instance_id.clone(),
             max_in_flight: session.max_in_flight,
-        });
-        let _ = responses.send(Item::alone(opened)).await;
+        };
         let task = SessionTask {
             shared: Arc::clone(&self.shared),
             client: session.client,
@@ -451,6 +450,7 @@ impl EventMeshService for EventMeshGrpc {
             .instrument(span),
         );
         let stream = Responses::new(
+            opened,
             response_rx,
             session_id,
             settings.ack_timeout(),
@@ -464,7 +464,7 @@ struct SessionTask {
     shared: Arc<Shared>,
     client: ClientId,
     out_tx: mpsc::UnboundedSender<Outbound>,
-    responses: mpsc::Sender<Item>,
+    responses: mpsc::Sender<Outbound>,
 }
 
 impl SessionTask {
@@ -478,24 +478,17 @@ impl SessionTask {
             tokio::select! {
                 outbound = out_rx.recv() => {
                     let Some(outbound) = outbound else { return };
-                    let item = match outbound {
-                        Outbound::Delivery { message, seq, group } => Item::Delivery { message, seq, group },
-                        Outbound::Result(result) => Item::Result(result),
-                        Outbound::End(status) => {
-                            let _ = self.responses.send(Item::end(status)).await;
-                            return;
-                        }
-                    };
+                    let ends = matches!(outbound, Outbound::End(_));
                     // Waits while the client does not read: then its messages are not read
                     // either, which bounds what it can make us queue.
-                    if self.responses.send(item).await.is_err() {
+                    if self.responses.send(outbound).await.is_err() || ends {
                         return;
                     }
                 }
                 message = inbound.message() => match message {
                     Ok(Some(message)) => {
                         if let Err(status) = self.handle(message) {
-                            let _ = self.responses.send(Item::end(status)).await;
+                            let _ = self.responses.send(Outbound::End(status)).await;
                             return;
                         }
                     }
@@ -506,7 +499,7 @@ impl SessionTask {
                     }
                 },
                 () = shutdown.cancelled() => {
-                    let _ = self.responses.send(Item::end(Status::unavailable("the instance is shutting down; reconnect (Recommend names another)"))).await;
+                    let _ = self.responses.send(Outbound::End(Status::unavailable("the instance is shutting down; reconnect (Recommend names another)"))).await;
                     return;
                 }
             }

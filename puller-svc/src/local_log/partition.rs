@@ -202,7 +202,8 @@ fn check_record(key: &[u8], body: &[u8]) -> Result<(), LogError> {
 /// What a failed write tells the records after it.
 fn error_reason(error: &LogError) -> (io::ErrorKind, String) {
     match error {
-        LogError::Io { source, .. } => (source.kind(), error.to_string()),
+        // The records after it carry their own path: only the cause is repeated.
+        LogError::Io { source, .. } => (source.kind(), source.to_string()),
         other => (io::ErrorKind::Other, other.to_string()),
     }
 }
@@ -483,8 +484,8 @@ impl PartitionLog {
         });
         if let Err(source) = written {
             // Cut the torn tail (appends go to the file's end): what is indexed stays what is
-            // in the file. If even that fails, reads past the index see a bad record and the
-            // next start recovers the segment.
+            // in the file. If even that fails, the partition refuses appends until the next
+            // start recovers the segment (see `broken`).
             if let Err(truncate) = segment.file.set_len(segment.size) {
                 tracing::error!(path = %segment.path.display(), error = %truncate, "cannot cut a failed append off the local log; refusing appends to this partition until a restart");
                 self.broken = Some(format!(

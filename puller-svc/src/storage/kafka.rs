@@ -237,8 +237,6 @@ impl KafkaStorage {
         }
     }
 
-    /// Asks the broker through the producer's own client (refreshing its metadata cache)
-    /// whether `topic` exists now.
     /// Topics the producer has seen in the broker's metadata.
     fn known_topics(&self) -> std::sync::MutexGuard<'_, std::collections::HashSet<Topic>> {
         self.inner
@@ -247,6 +245,8 @@ impl KafkaStorage {
             .unwrap_or_else(|p| p.into_inner())
     }
 
+    /// Asks the broker through the producer's own client (refreshing its metadata cache)
+    /// whether `topic` exists now.
     async fn producer_sees_topic(&self, topic: &Topic) -> bool {
         let topic = topic.clone();
         self.blocking(move |inner| {
@@ -773,10 +773,7 @@ impl Storage for KafkaStorage {
                 first => results.push(first),
             }
         }
-        // The producer batches concurrent sends (linger, one produce request per partition).
-        let sends =
-            records.map(|record| self.send(topic, record.key, record.body, record.partition));
-        results.extend(futures::future::join_all(sends).await);
+        results.extend(super::send_each(self, topic, records).await);
         super::whole_batch_unknown(topic, results)
     }
 

@@ -223,6 +223,20 @@ impl From<KeyError> for StorageError {
     }
 }
 
+/// Sends each record with [`Storage::send`], all at once (a client that batches on its own,
+/// like Kafka's producer, turns them into one produce request per partition); the answers in
+/// record order.
+pub(crate) async fn send_each<S: Storage + ?Sized>(
+    storage: &S,
+    topic: &Topic,
+    records: impl IntoIterator<Item = NewRecord>,
+) -> Vec<Result<Appended, StorageError>> {
+    let sends = records
+        .into_iter()
+        .map(|record| storage.send(topic, record.key, record.body, record.partition));
+    futures::future::join_all(sends).await
+}
+
 /// A batch whose every record found the topic unknown fails as a whole (nothing was stored).
 pub(crate) fn whole_batch_unknown(
     topic: &Topic,
@@ -277,10 +291,7 @@ pub trait Storage: Send + Sync + 'static {
         topic: &Topic,
         records: Vec<NewRecord>,
     ) -> Result<Vec<Result<Appended, StorageError>>, StorageError> {
-        let sends = records
-            .into_iter()
-            .map(|record| self.send(topic, record.key, record.body, record.partition));
-        let results = futures::future::join_all(sends).await;
+        let results = send_each(self, topic, records).await;
         whole_batch_unknown(topic, results)
     }
 
