@@ -5,7 +5,8 @@
 # JetStream: async publish, acks awaited in batches), then consumed by S streams of one shared
 # group with one explicit ACK per message until nothing is pending, then ACK latency at half of
 # each side's measured rate. Prints every round as a JSON line, then a table of medians and
-# ranges with the ratios ours / JetStream.
+# ranges with the ratios ours / JetStream, CPU and RSS per process, and our idle first-event
+# latency (publish → delivery after a quiet spell, 200 samples).
 #
 #   scripts/bench-peer.sh [--events N] [--rounds R] [--sizes 256,1024] [--streams 1,8]
 #                         [--profile release|dev] [--sync]
@@ -46,6 +47,7 @@ for size in ${sizes//,/ }; do
       log "size $size B, $stream_count streams, round $round/$rounds: ours"
       "$bin_dir/emctl" bench --events "$events" --sizes "$size" --streams "$stream_count" \
         --data-dir "$work" --bin-dir "$bin_dir" --puller-arg="--sync-appends=$sync" --json \
+        --idle-samples 0 \
         | sed "s/^{/{\"side\":\"ours\",\"round\":$round,\"sync\":$sync,/" | tee -a "$results"
       log "size $size B, $stream_count streams, round $round/$rounds: jetstream"
       "$bin_dir/jetstream-bench" --url "$nats_url" --server-pid "$nats_pid" --events "$events" \
@@ -55,9 +57,16 @@ for size in ${sizes//,/ }; do
   done
 done
 
+log "idle first event: ours"
+"$bin_dir/emctl" bench --idle-only --idle-samples 200 --data-dir "$work" --bin-dir "$bin_dir" \
+  --puller-arg="--sync-appends=$sync" --json \
+  | sed "s/^{/{\"side\":\"ours\",\"sync\":$sync,/" | tee -a "$results"
+
 python3 - "$results" <<'PY'
 import json, statistics, sys
-rows = [json.loads(line) for line in open(sys.argv[1]) if line.startswith("{")]
+lines = [json.loads(line) for line in open(sys.argv[1]) if line.startswith("{")]
+rows = [r for r in lines if "size" in r]
+idle = [r for r in lines if "idle_samples" in r]
 def stat(side, size, streams, field):
     values = [r[field] for r in rows if r["side"] == side and r["size"] == size
               and r["streams"] == streams and r.get(field) is not None]
@@ -86,4 +95,23 @@ for size, streams in configs:
         a, b = stat("ours", size, streams, field), stat("jetstream", size, streams, field)
         return "–" if not a or not b else f"{a[0] / b[0]:.2f}"
     print(f"| {size} | {streams} | {ratio('e2e_per_sec')} | {ratio('publish_per_sec')} |")
+print()
+print("| size | streams | side | CPU cores (median) | RSS MiB after the full load (median) |")
+print("| --- | --- | --- | --- | --- |")
+for size, streams in configs:
+    def med(side, field, digits):
+        v = stat(side, size, streams, field)
+        return "–" if v is None else f"{v[0]:.{digits}f}"
+    print(f"| {size} | {streams} | ours | dispatcher {med('ours', 'cpu_dispatcher', 2)}, "
+          f"puller {med('ours', 'cpu_puller', 2)}, offset {med('ours', 'cpu_offset', 2)}, "
+          f"client {med('ours', 'cpu_client', 2)} "
+          f"| dispatcher {med('ours', 'rss_mib_dispatcher', 0)}, puller {med('ours', 'rss_mib_puller', 0)}, "
+          f"offset {med('ours', 'rss_mib_offset', 0)} |")
+    print(f"| {size} | {streams} | jetstream | server {med('jetstream', 'server_cpu_cores', 2)}, "
+          f"client {med('jetstream', 'client_cpu_cores', 2)} | server {med('jetstream', 'server_rss_mb', 0)} |")
+for r in idle:
+    print()
+    print(f"Idle first event, ours ({r['idle_samples']} samples, {r['idle_gap_ms']} ms apart): "
+          f"p50 {r['first_event_p50_ms']:.2f} ms, p99 {r['first_event_p99_ms']:.2f} ms, "
+          f"max {r['first_event_max_ms']:.2f} ms (publish call alone p50 {r['publish_p50_ms']:.2f} ms)")
 PY

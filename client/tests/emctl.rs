@@ -207,10 +207,16 @@ async fn help_renders_the_placeholder_and_offsets_read_large_topics() {
 }
 
 /// One small row of `emctl bench --json`, as the bench prints it.
-fn bench_row(output: &Output) -> serde_json::Value {
+/// A bench run's JSON lines: its one throughput row and its idle first-event row.
+fn bench_rows(output: &Output) -> (serde_json::Value, serde_json::Value) {
     let stdout = ok(output);
-    let line = stdout.lines().last().unwrap_or_default();
-    serde_json::from_str(line).unwrap_or_else(|error| panic!("{error}: {stdout}"))
+    let parsed: Vec<serde_json::Value> = stdout
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap_or_else(|error| panic!("{error}: {stdout}")))
+        .collect();
+    let [row, idle] = <[serde_json::Value; 2]>::try_from(parsed)
+        .unwrap_or_else(|lines| panic!("expected two JSON lines, got {lines:?}"));
+    (row, idle)
 }
 
 /// `emctl bench` runs a whole (small) round on both backends, twice against one broker, and
@@ -231,6 +237,10 @@ async fn bench_runs_on_the_local_log_and_twice_on_one_kafka_broker() {
         "--streams",
         "2",
         "--json",
+        "--idle-samples",
+        "5",
+        "--idle-gap-ms",
+        "50",
         "--data-dir",
         data_dir,
     ];
@@ -240,12 +250,35 @@ async fn bench_runs_on_the_local_log_and_twice_on_one_kafka_broker() {
             .args(extra)
             .output()
             .unwrap();
-        bench_row(&output)
+        let (row, idle) = bench_rows(&output);
+        // The idle probe: every sample timed, publish → delivery no shorter than publish alone
+        // would be a broken clock, so only order and presence are checked.
+        assert_eq!(idle["idle_samples"], 5, "{idle}");
+        let p50 = idle["first_event_p50_ms"].as_f64().unwrap();
+        assert!(p50 > 0.0, "{idle}");
+        assert!(
+            idle["first_event_p99_ms"].as_f64().unwrap() >= p50,
+            "{idle}"
+        );
+        assert!(
+            idle["first_event_max_ms"].as_f64().unwrap() >= p50,
+            "{idle}"
+        );
+        row
     };
     let local = run(&[]);
-    let kafka_args = ["--backend", "kafka", "--kafka-bootstrap", kafka.bootstrap()];
+    let kafka_args = [
+        "--backend",
+        "kafka",
+        "--kafka-bootstrap",
+        kafka.bootstrap(),
+        "--puller-arg=--kafka-fetch-wait-ms=5",
+    ];
     let kafka_rows = [run(&kafka_args), run(&kafka_args)];
     for row in std::iter::once(&local).chain(&kafka_rows) {
+        for rss in ["rss_mib_dispatcher", "rss_mib_puller", "rss_mib_offset"] {
+            assert!(row[rss].as_f64().unwrap() > 1.0, "{rss}: {row}");
+        }
         assert_eq!(row["events"], 300, "{row}");
         assert_eq!(row["streams"], 2, "{row}");
         for rate in [

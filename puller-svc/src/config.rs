@@ -11,6 +11,7 @@ use serde::Deserialize;
 
 use crate::cursors::StartAt;
 use crate::local_log::LogSettings;
+use crate::storage::kafka::KafkaTuning;
 
 /// Which MQ backend the puller reads.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum, Deserialize)]
@@ -59,6 +60,12 @@ pub struct Config {
     pub offset_svc: String,
     /// Kafka bootstrap servers (`host:port,...`) for the `kafka` backend.
     pub kafka_bootstrap: String,
+    /// Kafka: longest the broker holds an empty fetch, ms (librdkafka `fetch.wait.max.ms`).
+    /// Apache Kafka answers it as soon as a record arrives; a broker that does not (tansu)
+    /// adds up to this much to an idle topic's first record.
+    pub kafka_fetch_wait_ms: u32,
+    /// Kafka: how long the producer gathers records per request, ms (`linger.ms`).
+    pub kafka_linger_ms: u32,
     /// How often cursors are checkpointed, milliseconds (also at shutdown).
     pub checkpoint_interval_ms: u64,
     /// Where a reader with neither cursor nor watermark starts.
@@ -99,6 +106,8 @@ impl Default for Config {
             backend: Backend::Local,
             offset_svc: "http://127.0.0.1:50053".into(),
             kafka_bootstrap: "127.0.0.1:9092".into(),
+            kafka_fetch_wait_ms: KafkaTuning::default().fetch_wait_ms,
+            kafka_linger_ms: KafkaTuning::default().linger_ms,
             checkpoint_interval_ms: 5_000,
             start: Start::Earliest,
             default_partitions: 4,
@@ -127,6 +136,14 @@ impl Config {
     pub fn dead_letter_retention_ms(&self) -> Option<i64> {
         (self.dead_letter_retention_hours > 0)
             .then(|| self.dead_letter_retention_hours as i64 * 3_600_000)
+    }
+
+    /// The librdkafka settings of the `kafka` backend.
+    pub fn kafka_tuning(&self) -> KafkaTuning {
+        KafkaTuning {
+            fetch_wait_ms: self.kafka_fetch_wait_ms,
+            linger_ms: self.kafka_linger_ms,
+        }
     }
 
     /// The local log settings this configuration implies.
@@ -170,6 +187,12 @@ pub struct Args {
     /// Kafka bootstrap servers [default: 127.0.0.1:9092].
     #[arg(long, env = "EM_PULLER_KAFKA_BOOTSTRAP")]
     pub kafka_bootstrap: Option<String>,
+    /// Kafka: longest the broker holds an empty fetch, ms [default: 500].
+    #[arg(long, env = "EM_PULLER_KAFKA_FETCH_WAIT_MS")]
+    pub kafka_fetch_wait_ms: Option<u32>,
+    /// Kafka: producer linger, ms [default: 5].
+    #[arg(long, env = "EM_PULLER_KAFKA_LINGER_MS")]
+    pub kafka_linger_ms: Option<u32>,
     /// Checkpoint interval, ms [default: 5000].
     #[arg(long, env = "EM_PULLER_CHECKPOINT_INTERVAL_MS")]
     pub checkpoint_interval_ms: Option<u64>,
@@ -222,6 +245,8 @@ impl Args {
         apply(&mut config.backend, self.backend);
         apply(&mut config.offset_svc, self.offset_svc);
         apply(&mut config.kafka_bootstrap, self.kafka_bootstrap);
+        apply(&mut config.kafka_fetch_wait_ms, self.kafka_fetch_wait_ms);
+        apply(&mut config.kafka_linger_ms, self.kafka_linger_ms);
         apply(
             &mut config.checkpoint_interval_ms,
             self.checkpoint_interval_ms,

@@ -39,10 +39,11 @@ async fn main() -> anyhow::Result<()> {
             )
         }
         Backend::Kafka => Arc::new(
-            KafkaStorage::new(
+            KafkaStorage::with_tuning(
                 &config.kafka_bootstrap,
                 config.data_dir.clone(),
                 config.start.into(),
+                config.kafka_tuning(),
             )?
             .with_dead_letter_retention(config.dead_letter_retention_ms()),
         ),

@@ -13,7 +13,8 @@
 //!   are set there before reading, so a response that was lost is read again, never skipped.
 //! * `Pull` long-polls up to `max_wait_ms` (capped at [`MAX_WAIT`]), looking again every
 //!   [`IDLE_POLL`] — or at once when the backend signals an append to the topic (the local
-//!   log does; a broker written by others cannot); `PullStream` pushes
+//!   log does), or straight away when the backend's poll itself waits for records (Kafka's
+//!   consumer answers as soon as a fetch brings one); `PullStream` pushes
 //!   batches only while the dispatcher has granted credit, so back-pressure reaches the MQ. A
 //!   storage error ends the stream with its status; the dispatcher reconnects.
 //! * Bad input is INVALID_ARGUMENT naming the field; unknown topics and partitions are
@@ -529,6 +530,7 @@ impl PullerService for PullerGrpc {
                 // What is appended from here on wakes the wait below.
                 appends.borrow_and_update();
             }
+            let polled_at = tokio::time::Instant::now();
             let batch = {
                 let mut held = slot.lock().await;
                 held.check(&reader, request.generation)?;
@@ -546,6 +548,9 @@ impl PullerService for PullerGrpc {
                 Some(appends) => {
                     let _ = tokio::time::timeout_at(until, appends.changed()).await;
                 }
+                // The empty poll already waited for records inside the backend (an answer
+                // that came back sooner, e.g. with no partition to read, still takes the timer).
+                None if self.storage.waits_in_poll() && polled_at.elapsed() >= IDLE_POLL => {}
                 None => tokio::time::sleep_until(until).await,
             }
         }
@@ -567,7 +572,11 @@ impl PullerService for PullerGrpc {
             let mut idle = false;
             loop {
                 let has_credit = credits.values().any(|r| r.credit > 0);
-                let pause = if idle { IDLE_POLL } else { Duration::ZERO };
+                let pause = if idle && !service.storage.waits_in_poll() {
+                    IDLE_POLL
+                } else {
+                    Duration::ZERO
+                };
                 tokio::select! {
                     message = inbound.message() => {
                         let result = match message {

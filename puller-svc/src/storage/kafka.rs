@@ -101,6 +101,7 @@ struct Inner {
     admin: AdminClient<DefaultClientContext>,
     metadata: BaseConsumer,
     start_at: StartAt,
+    tuning: KafkaTuning,
     limits: FrameLimits,
     cursors: Arc<CursorBook>,
     /// One consumer per reader, each behind its own lock: readers never wait for each other.
@@ -119,9 +120,33 @@ pub struct KafkaStorage {
     dead_letter_retention_ms: Option<i64>,
 }
 
-fn consumer_config(bootstrap: &str, group: &str) -> ClientConfig {
+/// librdkafka settings an operator tunes per broker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KafkaTuning {
+    /// `fetch.wait.max.ms`: longest the broker holds a fetch that found nothing new. Apache
+    /// Kafka answers a held fetch as soon as a record is produced, so this bounds only idle
+    /// fetch traffic; a broker that holds it the full time (tansu 0.6) adds up to this much to
+    /// the first record after a quiet spell.
+    pub fetch_wait_ms: u32,
+    /// `linger.ms`: how long the producer gathers records into one produce request. 0 sends
+    /// at once (a lone publish is answered sooner); under load records still share requests
+    /// while earlier ones are in flight.
+    pub linger_ms: u32,
+}
+
+impl Default for KafkaTuning {
+    fn default() -> Self {
+        KafkaTuning {
+            fetch_wait_ms: 500,
+            linger_ms: 5,
+        }
+    }
+}
+
+fn consumer_config(bootstrap: &str, group: &str, tuning: KafkaTuning) -> ClientConfig {
     let mut config = ClientConfig::new();
     config
+        .set("fetch.wait.max.ms", tuning.fetch_wait_ms.to_string())
         .set("bootstrap.servers", bootstrap)
         // Required by librdkafka for assign(); never joined (no subscribe), never committed.
         .set("group.id", group)
@@ -140,6 +165,16 @@ impl KafkaStorage {
         data_dir: impl Into<PathBuf>,
         start_at: StartAt,
     ) -> Result<Self, StorageError> {
+        Self::with_tuning(bootstrap, data_dir, start_at, KafkaTuning::default())
+    }
+
+    /// [`KafkaStorage::new`] with librdkafka settings other than the defaults.
+    pub fn with_tuning(
+        bootstrap: &str,
+        data_dir: impl Into<PathBuf>,
+        start_at: StartAt,
+        tuning: KafkaTuning,
+    ) -> Result<Self, StorageError> {
         let nanos = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos());
@@ -151,6 +186,7 @@ impl KafkaStorage {
             // The Java producer's key hash: a key lands on the same partition whoever
             // publishes it (librdkafka's default is CRC32).
             .set("partitioner", "murmur2_random")
+            .set("linger.ms", tuning.linger_ms.to_string())
             // A publish answered as failed is given up by librdkafka within this bound, not
             // delivered minutes later (the SDK's retry carries the same event id anyway).
             .set(
@@ -163,7 +199,7 @@ impl KafkaStorage {
             .set("bootstrap.servers", bootstrap)
             .create()
             .map_err(|err| unavailable("admin client", err))?;
-        let metadata = consumer_config(bootstrap, &format!("{instance}-metadata"))
+        let metadata = consumer_config(bootstrap, &format!("{instance}-metadata"), tuning)
             .create()
             .map_err(|err| unavailable("metadata client", err))?;
         let data_dir = data_dir.into();
@@ -175,6 +211,7 @@ impl KafkaStorage {
                 admin,
                 metadata,
                 start_at,
+                tuning,
                 limits: FrameLimits::DEFAULT,
                 cursors: Arc::new(CursorBook::new(&data_dir, BACKEND)),
                 consumers: Mutex::new(HashMap::new()),
@@ -310,7 +347,7 @@ impl Inner {
             Some(group) => format!("{}-{group}-{}", self.instance, reader.topic),
             None => format!("{}--{}", self.instance, reader.topic),
         };
-        let consumer = consumer_config(&self.bootstrap, &group)
+        let consumer = consumer_config(&self.bootstrap, &group, self.tuning)
             .create()
             .map_err(|err| unavailable("consumer", err))?;
         Ok(ReaderConsumer {
@@ -490,7 +527,13 @@ impl Inner {
         let (mut count, mut bytes) = (0usize, 0usize);
         let deadline = Instant::now() + FETCH_WAIT;
         while count < limits.max_records && bytes < limits.max_bytes {
-            let remaining = deadline.saturating_duration_since(Instant::now());
+            // Wait for the first record only: once one came, take what librdkafka has already
+            // fetched and answer, so a record is never held back waiting for more.
+            let remaining = if count == 0 {
+                deadline.saturating_duration_since(Instant::now())
+            } else {
+                Duration::ZERO
+            };
             let Some(message) = slot.consumer.poll(remaining) else {
                 break;
             };
@@ -775,6 +818,11 @@ impl Storage for KafkaStorage {
         }
         results.extend(super::send_each(self, topic, records).await);
         super::whole_batch_unknown(topic, results)
+    }
+
+    /// The consumer's poll waits up to [`FETCH_WAIT`] for a first record.
+    fn waits_in_poll(&self) -> bool {
+        true
     }
 
     async fn poll(

@@ -312,6 +312,14 @@ pub trait Storage: Send + Sync + 'static {
         None
     }
 
+    /// Whether [`Storage::poll`] itself waits a while for records when there are none (a broker
+    /// consumer's own long poll, answered as soon as a record arrives). A long-poll over such a
+    /// backend polls again at once instead of sleeping on a look-again timer, so the first
+    /// record after a quiet spell is not held by the timer.
+    fn waits_in_poll(&self) -> bool {
+        false
+    }
+
     /// Forwards a settled message to the broker where it needs an ACK; backends without a
     /// broker ACK keep this default.
     async fn ack_pulled(

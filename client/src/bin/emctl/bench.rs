@@ -10,6 +10,11 @@
 //!    ACK → DURABLE latency per delivery; CPU seconds of each process over the phase;
 //! 4. **half load**: a fresh topic and group, published at half the full-load rate while the S
 //!    sessions consume live; ACK → DURABLE latency at that steady load.
+//!
+//! Resident memory (VmRSS) of each service is read after the full load. Once per run, after
+//! the rows, the **idle first event** probe publishes single events to a topic one subscriber
+//! waits on, each after a quiet gap (longer than any look-again timer), and measures publish
+//! call → delivery received: what a sparse topic's consumer sees.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -74,6 +79,15 @@ pub struct BenchArgs {
     /// Extra puller-svc flag (repeat; e.g. `--puller-arg=--sync-appends=true`).
     #[arg(long = "puller-arg", allow_hyphen_values = true)]
     puller_args: Vec<String>,
+    /// Samples of the idle first-event probe (0 skips it).
+    #[arg(long, default_value_t = 100)]
+    pub idle_samples: u32,
+    /// Quiet time before each idle probe event, in milliseconds.
+    #[arg(long, default_value_t = 200)]
+    pub idle_gap_ms: u64,
+    /// Run only the idle first-event probe (no throughput rows).
+    #[arg(long)]
+    pub idle_only: bool,
     /// Print results as JSON lines.
     #[arg(long)]
     json: bool,
@@ -100,6 +114,23 @@ pub struct Row {
     pub cpu_puller: f64,
     pub cpu_offset: f64,
     pub cpu_client: f64,
+    /// Resident memory after the full load, MiB: dispatcher, puller, offset-svc.
+    pub rss_mib_dispatcher: f64,
+    pub rss_mib_puller: f64,
+    pub rss_mib_offset: f64,
+}
+
+/// The idle first-event probe's results (publish call → delivery received).
+#[derive(Debug, Default, serde::Serialize)]
+pub struct IdleRow {
+    pub backend: String,
+    pub idle_samples: usize,
+    pub idle_gap_ms: u64,
+    pub first_event_p50_ms: f64,
+    pub first_event_p99_ms: f64,
+    pub first_event_max_ms: f64,
+    /// The publish call alone (answered when stored).
+    pub publish_p50_ms: f64,
 }
 
 pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
@@ -165,10 +196,38 @@ async fn bench_all(
             .retry_deadline(Duration::from_secs(60)),
     )
     .await?;
+    if !args.idle_only {
+        bench_rows(args, instance, &client, run_tag).await?;
+    }
+    if args.idle_samples > 0 {
+        let row = idle_first_event(args, &client, run_tag).await?;
+        if args.json {
+            println!("{}", serde_json::to_string(&row)?);
+        } else {
+            println!(
+                "idle first event ({} samples, {} ms apart): p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms (publish call alone p50 {:.2} ms)",
+                row.idle_samples,
+                row.idle_gap_ms,
+                row.first_event_p50_ms,
+                row.first_event_p99_ms,
+                row.first_event_max_ms,
+                row.publish_p50_ms
+            );
+        }
+    }
+    Ok(())
+}
+
+async fn bench_rows(
+    args: &BenchArgs,
+    instance: &mut LocalInstance,
+    client: &Client,
+    run_tag: &str,
+) -> anyhow::Result<()> {
     let mut first = true;
     if !args.json {
         println!(
-            "{:<6} {:>5} {:>7} {:>9} {:>10} {:>10} {:>6} {:>15} {:>9} {:>15} {:>24}",
+            "{:<6} {:>5} {:>7} {:>9} {:>10} {:>10} {:>6} {:>15} {:>9} {:>15} {:>24} {:>18}",
             "backend",
             "size",
             "streams",
@@ -179,18 +238,19 @@ async fn bench_all(
             "full p50/p99 ms",
             "half/s",
             "half p50/p99 ms",
-            "cpu disp/pull/off/cli"
+            "cpu disp/pull/off/cli",
+            "rss MiB d/p/o"
         );
     }
     for &size in &args.sizes {
         for &streams in &args.streams {
-            let row = bench_one(args, instance, &client, run_tag, size, streams, first).await?;
+            let row = bench_one(args, instance, client, run_tag, size, streams, first).await?;
             first = false;
             if args.json {
                 println!("{}", serde_json::to_string(&row)?);
             } else {
                 println!(
-                    "{:<6} {:>5} {:>7} {:>9.0} {:>10.0} {:>10.0} {:>6.2} {:>7.2}/{:<7.2} {:>9.0} {:>7.2}/{:<7.2} {:>5.2}/{:.2}/{:.2}/{:.2}",
+                    "{:<6} {:>5} {:>7} {:>9.0} {:>10.0} {:>10.0} {:>6.2} {:>7.2}/{:<7.2} {:>9.0} {:>7.2}/{:<7.2} {:>5.2}/{:.2}/{:.2}/{:.2} {:>6.0}/{:.0}/{:.0}",
                     row.backend,
                     row.size,
                     row.streams,
@@ -206,7 +266,10 @@ async fn bench_all(
                     row.cpu_dispatcher,
                     row.cpu_puller,
                     row.cpu_offset,
-                    row.cpu_client
+                    row.cpu_client,
+                    row.rss_mib_dispatcher,
+                    row.rss_mib_puller,
+                    row.rss_mib_offset
                 );
             }
         }
@@ -255,6 +318,8 @@ async fn bench_one(
     if let Some(perf) = perf {
         stop_perf(perf).await;
     }
+    let rss = [Service::Dispatcher, Service::Puller, Service::Offset]
+        .map(|service| instance.pid(service).map_or(0.0, proc_rss_mib));
     let e2e_per_sec = events as f64 / elapsed;
     let cores = |i: usize| (cpu_after[i] - cpu_before[i]) / elapsed;
     let (full_ack_p50_ms, full_ack_p99_ms) = percentiles(latencies);
@@ -312,6 +377,78 @@ async fn bench_one(
         cpu_puller: cores(1),
         cpu_offset: cores(2),
         cpu_client: cores(3),
+        rss_mib_dispatcher: rss[0],
+        rss_mib_puller: rss[1],
+        rss_mib_offset: rss[2],
+    })
+}
+
+/// The idle first-event probe: one subscriber waits on a quiet topic; each sample publishes a
+/// single event after `--idle-gap-ms` of quiet and times the publish call → the delivery.
+async fn idle_first_event(
+    args: &BenchArgs,
+    client: &Client,
+    run_tag: &str,
+) -> anyhow::Result<IdleRow> {
+    let topic = format!("bench-idle-{run_tag}");
+    let event = || Event {
+        source: "/emctl/bench".into(),
+        r#type: "bench-idle".into(),
+        data: bytes::Bytes::from_static(b"idle"),
+        ..Event::default()
+    };
+    // Create the topic, then let the subscriber take that first event before timing.
+    client.publish(&topic, event()).await?;
+    let mut subscription = client
+        .subscribe(
+            SubscribeOptions::new(&topic)
+                .group("idle")
+                .start(StartPosition::Earliest),
+        )
+        .await?;
+    let receive = async |subscription: &mut Subscription| -> anyhow::Result<()> {
+        let delivery = tokio::time::timeout(Duration::from_secs(30), subscription.next())
+            .await
+            .context("no delivery within 30 s")?
+            .context("subscription ended")??;
+        delivery.ack();
+        Ok(())
+    };
+    receive(&mut subscription).await?;
+    let mut micros = Vec::with_capacity(args.idle_samples as usize);
+    let mut publish_micros = Vec::with_capacity(args.idle_samples as usize);
+    for _ in 0..args.idle_samples {
+        tokio::time::sleep(Duration::from_millis(args.idle_gap_ms)).await;
+        let started = Instant::now();
+        // The delivery may arrive before the publish call returns: wait for both.
+        let publish = {
+            let client = client.clone();
+            let event = event();
+            let topic = topic.clone();
+            tokio::spawn(async move {
+                let answered = client.publish(&topic, event).await;
+                (answered, started.elapsed())
+            })
+        };
+        receive(&mut subscription).await?;
+        micros.push(u32::try_from(started.elapsed().as_micros()).unwrap_or(u32::MAX));
+        let (answered, took) = publish.await.context("idle probe publish")?;
+        answered?;
+        publish_micros.push(u32::try_from(took.as_micros()).unwrap_or(u32::MAX));
+    }
+    let (publish_p50, _) = percentiles(publish_micros);
+    subscription.close().await;
+    let max = micros.iter().copied().max().unwrap_or(0);
+    let samples = micros.len();
+    let (p50, p99) = percentiles(micros);
+    Ok(IdleRow {
+        backend: format!("{:?}", args.backend).to_lowercase(),
+        idle_samples: samples,
+        idle_gap_ms: args.idle_gap_ms,
+        first_event_p50_ms: p50,
+        first_event_p99_ms: p99,
+        first_event_max_ms: f64::from(max) / 1000.0,
+        publish_p50_ms: publish_p50,
     })
 }
 
@@ -485,6 +622,26 @@ fn proc_cpu_seconds(pid: u32) -> f64 {
     };
     // `rest` starts at field 3 (state); utime is field 14 → index 11.
     (ticks(11) + ticks(12)) / CLOCK_TICKS
+}
+
+/// Resident memory (VmRSS) of a process, in MiB; 0 when unreadable.
+fn proc_rss_mib(pid: u32) -> f64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|status| {
+            status
+                .lines()
+                .find_map(|line| line.strip_prefix("VmRSS:"))
+                .and_then(|value| {
+                    value
+                        .trim()
+                        .trim_end_matches("kB")
+                        .trim()
+                        .parse::<f64>()
+                        .ok()
+                })
+        })
+        .map_or(0.0, |kib| kib / 1024.0)
 }
 
 /// The kernel's USER_HZ on Linux.
