@@ -135,8 +135,11 @@ fn check_chars(kind: &'static str, value: &str, forbidden: &[char]) -> Result<()
 macro_rules! string_newtype {
     ($(#[$doc:meta])* $name:ident) => {
         $(#[$doc])*
+        ///
+        /// Shared text: a clone is a reference count, not a copy (names are cloned on hot
+        /// paths — per delivery, per offset entry).
         #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-        pub struct $name(String);
+        pub struct $name(std::sync::Arc<str>);
 
         impl $name {
             /// The validated text.
@@ -195,7 +198,7 @@ impl Topic {
             });
         }
         check_chars("topic", &value, &['#', '@'])?;
-        Ok(Topic(value))
+        Ok(Topic(value.into()))
     }
 }
 
@@ -208,7 +211,7 @@ impl ClientId {
         if is_reserved_form(&value) {
             return Err(KeyError::ReservedClientId(value));
         }
-        Ok(ClientId(value))
+        Ok(ClientId(value.into()))
     }
 }
 
@@ -233,7 +236,7 @@ impl GroupName {
                 ch,
             });
         }
-        Ok(GroupName(value))
+        Ok(GroupName(value.into()))
     }
 
     /// A named (LOAD_BALANCE) group as a client names it: the BROADCAST prefix is refused.
@@ -300,17 +303,30 @@ fn parse_u32(kind: &'static str, whole: &str, digits: &str) -> Result<u32, KeyEr
         .map_err(|_| malformed("the number does not fit in 32 bits"))
 }
 
+/// Numbered partitions below this share one allocation each ([`PartitionId::number`]).
+pub const SHARED_PARTITION_NUMBERS: u32 = 1024;
+
 impl PartitionId {
     /// Validates a partition id in any of its three forms.
     pub fn new(value: impl Into<String>) -> Result<Self, KeyError> {
         let value = value.into();
         Self::classify(&value)?;
-        Ok(PartitionId(value))
+        Ok(PartitionId(value.into()))
     }
 
-    /// A numbered partition.
+    /// A numbered partition. The first [`SHARED_PARTITION_NUMBERS`] are made once per process
+    /// and shared (polled records name their partition on every record).
     pub fn number(n: u32) -> Self {
-        PartitionId(n.to_string())
+        static SHARED: std::sync::OnceLock<Vec<PartitionId>> = std::sync::OnceLock::new();
+        let shared = SHARED.get_or_init(|| {
+            (0..SHARED_PARTITION_NUMBERS)
+                .map(|n| PartitionId(n.to_string().into()))
+                .collect()
+        });
+        match shared.get(n as usize) {
+            Some(id) => id.clone(),
+            None => PartitionId(n.to_string().into()),
+        }
     }
 
     /// A RocketMQ queue.

@@ -7,7 +7,7 @@
 //! except through the explicit, logged operator calls.
 //!
 //! * [`store`] — the [`store::OffsetStore`] contract.
-//! * [`memory`], [`rocks`] — the two stores.
+//! * [`memory`], [`rocks`] — the two stores, over one in-memory index (`table`).
 //! * [`service`] — the gRPC `OffsetService`.
 //! * [`server`], [`config`] — running it.
 
@@ -18,6 +18,7 @@ pub mod rocks;
 pub mod server;
 pub mod service;
 pub mod store;
+mod table;
 
 pub use error::Error;
 pub use memory::MemoryOffsetStore;

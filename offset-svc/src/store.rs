@@ -17,22 +17,13 @@
 //! `advanced` says whether it raised the value at its point in the batch, and `stored` is the
 //! key's value after the whole batch (it may be higher still if a concurrent batch raised it).
 
-use std::hash::BuildHasher;
-use std::sync::{Mutex, MutexGuard};
-
-// Keys come from clients, so the hasher is seeded per process (no fixed-seed HashDoS), but it
-// is much cheaper than SipHash on these short keys.
-use foldhash::fast::RandomState;
-use hashbrown::HashTable;
-
 use eventmesh_common::keys::{OffsetClient, OffsetKey, PartitionId, Topic};
 
 use crate::error::Error;
+pub(crate) use crate::table::MaxTable;
 
 /// The value of a key nobody has written.
 pub const UNKNOWN_OFFSET: i64 = -1;
-/// Below every storable value: a key not in the table, inside a write batch.
-const ABSENT: i64 = i64::MIN;
 
 /// The result of one entry of a write batch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -64,14 +55,14 @@ impl Selector {
         ))
     }
 
-    fn prefix(&self) -> String {
+    pub(crate) fn prefix(&self) -> String {
         match &self.client {
             Some(client) => OffsetKey::client_prefix(&self.topic, client),
             None => OffsetKey::topic_prefix(&self.topic),
         }
     }
 
-    fn matches(&self, key: &str) -> bool {
+    pub(crate) fn matches(&self, key: &str) -> bool {
         key.starts_with(&self.prefix())
             && self
                 .partition
@@ -265,309 +256,13 @@ impl Change<'_> {
     }
 }
 
-const SHARDS: usize = 64;
-
-/// One lock's worth of the table: (encoded key, offset), placed by a hash computed once per
-/// key and batch (see [`MaxTable::hash`]).
-type Shard = Mutex<HashTable<(Box<str>, i64)>>;
-
-/// A sharded map from encoded key to offset with max-only updates.
-///
-/// It is the whole in-memory store, and the durable store's index of what is on disk: every
-/// value it holds has been persisted, because values enter it only after the persistence
-/// step succeeded. Writers to different shards never contend, and a shard lock is held only
-/// for hash-map operations, never across I/O.
-pub(crate) struct MaxTable {
-    shards: Box<[Shard]>,
-    hasher: RandomState,
-}
-
-impl MaxTable {
-    pub(crate) fn new() -> Self {
-        MaxTable {
-            shards: (0..SHARDS).map(|_| Mutex::new(HashTable::new())).collect(),
-            hasher: RandomState::default(),
-        }
-    }
-
-    fn hash(&self, key: &str) -> u64 {
-        self.hasher.hash_one(key)
-    }
-
-    fn shard(&self, hash: u64) -> MutexGuard<'_, HashTable<(Box<str>, i64)>> {
-        // Bits 32..38 pick the shard: the table itself uses the low bits (bucket) and the top
-        // seven (tag), so the shard choice does not skew either inside a shard.
-        let index = ((hash >> 32) as usize) % SHARDS;
-        // A poisoned shard only means another writer panicked between two map operations,
-        // each of which leaves the map consistent; keep serving.
-        self.shards[index]
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-    }
-
-    pub(crate) fn get(&self, key: &str) -> Option<i64> {
-        self.get_hashed(key, self.hash(key))
-    }
-
-    fn get_hashed(&self, key: &str, hash: u64) -> Option<i64> {
-        self.shard(hash)
-            .find(hash, |(k, _)| **k == *key)
-            .map(|(_, v)| *v)
-    }
-
-    /// Raises `key` to at least `value`; returns the value now held.
-    pub(crate) fn raise(&self, key: &str, value: i64) -> i64 {
-        self.raise_hashed(key, self.hash(key), value)
-    }
-
-    fn raise_hashed(&self, key: &str, hash: u64, value: i64) -> i64 {
-        let mut shard = self.shard(hash);
-        match shard.find_mut(hash, |(k, _)| **k == *key) {
-            Some((_, current)) => {
-                *current = (*current).max(value);
-                *current
-            }
-            None => {
-                shard.insert_unique(hash, (key.into(), value), |(k, _)| self.hash(k));
-                value
-            }
-        }
-    }
-
-    fn set(&self, key: &str, value: i64) {
-        let hash = self.hash(key);
-        let mut shard = self.shard(hash);
-        match shard.find_mut(hash, |(k, _)| **k == *key) {
-            Some((_, current)) => *current = value,
-            None => {
-                shard.insert_unique(hash, (key.into(), value), |(k, _)| self.hash(k));
-            }
-        }
-    }
-
-    fn remove(&self, key: &str) {
-        let hash = self.hash(key);
-        if let Ok(entry) = self.shard(hash).find_entry(hash, |(k, _)| **k == *key) {
-            entry.remove();
-        }
-    }
-
-    pub(crate) fn apply(&self, change: &Change) {
-        match change {
-            Change::Max(key, value) => {
-                self.raise(key, *value);
-            }
-            Change::Set(key, value) => self.set(key, *value),
-            Change::Delete(key) => self.remove(key),
-        }
-    }
-
-    /// Every (key, value) whose key starts with `prefix`, sorted by key.
-    pub(crate) fn scan(&self, prefix: &str) -> Vec<(String, i64)> {
-        let mut out: Vec<(String, i64)> = self
-            .shards
-            .iter()
-            .flat_map(|shard| {
-                let shard = shard.lock().unwrap_or_else(|p| p.into_inner());
-                shard
-                    .iter()
-                    .filter(|(k, _)| k.starts_with(prefix))
-                    .map(|(k, v)| (k.to_string(), *v))
-                    .collect::<Vec<_>>()
-            })
-            .collect();
-        out.sort_unstable();
-        out
-    }
-
-    pub(crate) fn len(&self) -> usize {
-        self.shards
-            .iter()
-            .map(|s| s.lock().unwrap_or_else(|p| p.into_inner()).len())
-            .sum()
-    }
-
-    /// Runs a CAS-max batch: computes what raises which key, persists those raises with
-    /// `persist` (nothing is persisted when nothing rises), then publishes them.
-    ///
-    /// Hot path. The batch's keys are encoded into one buffer; entry indices are sorted by key
-    /// (ties in batch order), which groups repeated keys for the in-order CAS-max and hands
-    /// RocksDB its writes in key order (its memtable inserts ordered keys much faster); each
-    /// distinct key is hashed once for both index lookups.
-    pub(crate) fn write_batch(
-        &self,
-        entries: &[(OffsetKey, i64)],
-        persist: impl FnOnce(&[Change<'_>]) -> Result<(), Error>,
-    ) -> Result<Vec<WriteOutcome>, Error> {
-        let mut arena = String::with_capacity(entries.len() * 40);
-        let mut spans = Vec::with_capacity(entries.len());
-        for (key, offset) in entries {
-            if *offset < UNKNOWN_OFFSET {
-                return Err(Error::NegativeOffset {
-                    key: key.to_string(),
-                    offset: *offset,
-                });
-            }
-            let start = arena.len();
-            key.encode_into(&mut arena);
-            spans.push(start..arena.len());
-        }
-        let key_of = |entry: usize| &arena[spans[entry].clone()];
-        let mut order: Vec<usize> = (0..entries.len()).collect();
-        order.sort_unstable_by(|&a, &b| key_of(a).cmp(key_of(b)).then(a.cmp(&b)));
-
-        struct Distinct {
-            entry: usize,
-            hash: u64,
-            before: i64,
-            after: i64,
-        }
-        let mut distinct: Vec<Distinct> = Vec::with_capacity(entries.len());
-        let mut slot_of_entry = vec![0usize; entries.len()];
-        let mut advanced = vec![false; entries.len()];
-        let mut run = 0;
-        while run < order.len() {
-            let key = key_of(order[run]);
-            let hash = self.hash(key);
-            // Absent is below every value, so a first write of -1 (a group's start marker)
-            // creates the key.
-            let before = self.get_hashed(key, hash).unwrap_or(ABSENT);
-            let mut after = before;
-            let mut next = run;
-            while next < order.len() && key_of(order[next]) == key {
-                let entry = order[next];
-                let offset = entries[entry].1;
-                if offset > after {
-                    after = offset;
-                    advanced[entry] = true;
-                }
-                slot_of_entry[entry] = distinct.len();
-                next += 1;
-            }
-            distinct.push(Distinct {
-                entry: order[run],
-                hash,
-                before,
-                after,
-            });
-            run = next;
-        }
-        let raises: Vec<Change<'_>> = distinct
-            .iter()
-            .filter(|d| d.after > d.before)
-            .map(|d| Change::Max(key_of(d.entry), d.after))
-            .collect();
-        if !raises.is_empty() {
-            persist(&raises)?;
-        }
-        // Publish the raises, and keep what is stored now (a concurrent batch may have gone
-        // higher). A key that did not rise already holds `before`, which is what is stored.
-        for d in distinct.iter_mut().filter(|d| d.after > d.before) {
-            d.after = self.raise_hashed(key_of(d.entry), d.hash, d.after);
-        }
-        Ok((0..entries.len())
-            .map(|entry| WriteOutcome {
-                stored: distinct[slot_of_entry[entry]].after.max(UNKNOWN_OFFSET),
-                advanced: advanced[entry],
-            })
-            .collect())
-    }
-
-    pub(crate) fn read_topic(
-        &self,
-        topic: &Topic,
-        client: Option<&OffsetClient>,
-    ) -> Result<Vec<(OffsetKey, i64)>, Error> {
-        let prefix = match client {
-            Some(client) => OffsetKey::client_prefix(topic, client),
-            None => OffsetKey::topic_prefix(topic),
-        };
-        self.scan(&prefix)
-            .into_iter()
-            .map(|(key, value)| Ok((parse_stored_key(&key)?, value)))
-            .collect()
-    }
-
-    pub(crate) fn list_topics(&self) -> Result<Vec<Topic>, Error> {
-        let mut topics: Vec<String> = self
-            .scan("")
-            .into_iter()
-            .filter_map(|(key, _)| key.split_once('#').map(|(t, _)| t.to_owned()))
-            .collect();
-        topics.dedup();
-        topics
-            .into_iter()
-            .map(|t| Topic::new(t.clone()).map_err(|_| Error::CorruptKey(t)))
-            .collect()
-    }
-
-    /// Plans and runs an operator reset or delete over the selected keys.
-    pub(crate) fn operator_change(
-        &self,
-        selector: &Selector,
-        new_value: Option<i64>,
-        reason: &str,
-        persist: impl FnOnce(&[Change<'_>]) -> Result<(), Error>,
-    ) -> Result<Vec<(OffsetKey, i64)>, Error> {
-        if reason.trim().is_empty() {
-            return Err(Error::MissingReason);
-        }
-        if let Some(value) = new_value
-            && value < UNKNOWN_OFFSET
-        {
-            return Err(Error::NegativeOffset {
-                key: selector.prefix(),
-                offset: value,
-            });
-        }
-        let mut selected: Vec<(String, i64)> = self
-            .scan(&selector.prefix())
-            .into_iter()
-            .filter(|(key, _)| selector.matches(key))
-            .collect();
-        if let (Some(exact), Some(_)) = (selector.exact_key(), new_value)
-            && selected.is_empty()
-        {
-            selected.push((exact.to_string(), UNKNOWN_OFFSET));
-        }
-        let changes: Vec<Change<'_>> = selected
-            .iter()
-            .map(|(key, _)| match new_value {
-                Some(value) => Change::Set(key, value),
-                None => Change::Delete(key),
-            })
-            .collect();
-        if !changes.is_empty() {
-            persist(&changes)?;
-        }
-        for change in &changes {
-            self.apply(change);
-        }
-        let mut out = Vec::with_capacity(selected.len());
-        for (key, previous) in &selected {
-            let previous = *previous;
-            match new_value {
-                Some(value) => {
-                    tracing::warn!(%key, previous, new = value, reason, "operator reset offset")
-                }
-                None => tracing::warn!(%key, previous, reason, "operator deleted offset"),
-            }
-            out.push((parse_stored_key(key)?, previous));
-        }
-        Ok(out)
-    }
-}
-
-fn parse_stored_key(key: &str) -> Result<OffsetKey, Error> {
-    key.parse().map_err(|_| Error::CorruptKey(key.to_owned()))
-}
-
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
     use std::collections::HashMap;
     use std::sync::Arc;
+    use std::sync::Mutex;
     use std::time::Duration;
 
     /// A "disk" that applies changes in the order they are persisted, and is slow to finish
