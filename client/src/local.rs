@@ -49,7 +49,8 @@ impl Service {
         }
     }
 
-    fn index(self) -> usize {
+    /// The position of this service in per-service arrays ([`Service::ALL`] order).
+    pub fn index(self) -> usize {
         self as usize
     }
 }
@@ -92,6 +93,8 @@ pub struct LocalConfig {
     pub bin_dir: Option<PathBuf>,
     /// Listen addresses (port 0: any free port).
     pub listen: [SocketAddr; 3],
+    /// Prometheus `/metrics` listen addresses (port 0: any free port, not reported).
+    pub metrics_listen: [SocketAddr; 3],
     /// Extra command-line flags per service (indexed like [`Service::ALL`]).
     pub extra_args: [Vec<String>; 3],
     /// `RUST_LOG` for the services.
@@ -109,6 +112,7 @@ impl LocalConfig {
             data_dir: data_dir.into(),
             bin_dir: None,
             listen: [any; 3],
+            metrics_listen: [any; 3],
             extra_args: Default::default(),
             log_filter: "info".into(),
             crash_at: None,
@@ -180,6 +184,12 @@ impl LocalInstance {
         self.addrs[service.index()]
     }
 
+    /// Where a service serves `/metrics`, as configured (port 0 when it was left to the
+    /// service).
+    pub fn metrics_addr(&self, service: Service) -> SocketAddr {
+        self.config.metrics_listen[service.index()]
+    }
+
     /// The dispatcher's URI, for [`crate::ClientConfig::endpoint`].
     pub fn endpoint(&self) -> String {
         format!("http://{}", self.addr(Service::Dispatcher))
@@ -231,7 +241,8 @@ impl LocalInstance {
         command
             .arg("--listen")
             .arg(listen.to_string())
-            .args(["--metrics-listen", "127.0.0.1:0"]);
+            .arg("--metrics-listen")
+            .arg(self.config.metrics_listen[service.index()].to_string());
         match service {
             Service::Offset => {
                 command.arg("--data-dir").arg(data.join("offset"));

@@ -118,6 +118,9 @@ pub struct Row {
     pub rss_mib_dispatcher: f64,
     pub rss_mib_puller: f64,
     pub rss_mib_offset: f64,
+    /// Heap allocations of the dispatcher per delivered and ACKed event over the full load;
+    /// only from a dispatcher built with `--features count-allocations`.
+    pub dispatcher_allocs_per_event: Option<f64>,
 }
 
 /// The idle first-event probe's results (publish call → delivery received).
@@ -157,6 +160,9 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     config = config.args(Service::Puller, args.puller_args.iter().cloned());
     config.log_filter = "warn".into();
     config.bin_dir = args.bin_dir.clone();
+    // A known metrics port for the dispatcher: a build with its `count-allocations` feature
+    // reports heap allocations there.
+    config.metrics_listen[Service::Dispatcher.index()] = free_loopback_addr()?;
     if args.backend == Backend::Kafka {
         let bootstrap = args
             .kafka_bootstrap
@@ -303,6 +309,7 @@ async fn bench_one(
         None
     };
     let cpu_before = cpu_seconds(instance);
+    let allocations_before = dispatcher_allocations(instance).await;
     let started = Instant::now();
     let latencies = consume(
         client,
@@ -315,6 +322,10 @@ async fn bench_one(
     .await?;
     let elapsed = started.elapsed().as_secs_f64();
     let cpu_after = cpu_seconds(instance);
+    let allocations_after = dispatcher_allocations(instance).await;
+    let dispatcher_allocs_per_event = allocations_before
+        .zip(allocations_after)
+        .map(|(before, after)| after.saturating_sub(before) as f64 / events as f64);
     if let Some(perf) = perf {
         stop_perf(perf).await;
     }
@@ -380,6 +391,7 @@ async fn bench_one(
         rss_mib_dispatcher: rss[0],
         rss_mib_puller: rss[1],
         rss_mib_offset: rss[2],
+        dispatcher_allocs_per_event,
     })
 }
 
@@ -622,6 +634,43 @@ fn proc_cpu_seconds(pid: u32) -> f64 {
     };
     // `rest` starts at field 3 (state); utime is field 14 → index 11.
     (ticks(11) + ticks(12)) / CLOCK_TICKS
+}
+
+/// A loopback address with a port free right now (for a service to bind next).
+fn free_loopback_addr() -> anyhow::Result<std::net::SocketAddr> {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").context("finding a free port")?;
+    Ok(listener.local_addr()?)
+}
+
+/// The dispatcher's `process_heap_allocations_total`, when its build counts allocations;
+/// the counter is refreshed every 200 ms, so it is read after that long.
+async fn dispatcher_allocations(instance: &LocalInstance) -> Option<u64> {
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    let metrics = scrape(instance.metrics_addr(Service::Dispatcher))
+        .await
+        .ok()?;
+    metrics.lines().find_map(|line| {
+        line.strip_prefix("process_heap_allocations_total ")
+            .and_then(|value| value.trim().parse::<f64>().ok())
+            .map(|value| value as u64)
+    })
+}
+
+/// `GET /metrics` over a plain HTTP/1.0 connection.
+async fn scrape(addr: std::net::SocketAddr) -> anyhow::Result<String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream =
+        tokio::time::timeout(Duration::from_secs(2), tokio::net::TcpStream::connect(addr))
+            .await
+            .context("metrics endpoint timed out")??;
+    stream
+        .write_all(b"GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n")
+        .await?;
+    let mut body = String::new();
+    tokio::time::timeout(Duration::from_secs(2), stream.read_to_string(&mut body))
+        .await
+        .context("metrics read timed out")??;
+    Ok(body)
 }
 
 /// Resident memory (VmRSS) of a process, in MiB; 0 when unreadable.

@@ -1,0 +1,93 @@
+//! A global allocator that counts heap allocations, for benchmarks: built only with the cargo
+//! feature `count-allocations` (a service binary then declares it `#[global_allocator]`), so
+//! normal builds pay nothing. Counts are process-wide; `realloc` counts as an allocation (it
+//! may move the block). Published as the Prometheus counter `process_heap_allocations_total`
+//! (and `process_heap_allocated_bytes_total`) by [`publish_every`].
+// `GlobalAlloc` is an unsafe trait; every method only adds to a counter and forwards to the
+// system allocator with the caller's own arguments.
+#![allow(unsafe_code)]
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+static ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
+static ALLOCATED_BYTES: AtomicU64 = AtomicU64::new(0);
+
+/// The system allocator, counting.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct CountingAllocator;
+
+fn count(bytes: usize) {
+    ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+    ALLOCATED_BYTES.fetch_add(bytes as u64, Ordering::Relaxed);
+}
+
+// SAFETY: forwards every call unchanged to `System`, which upholds the GlobalAlloc contract.
+unsafe impl GlobalAlloc for CountingAllocator {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        count(layout.size());
+        // SAFETY: the caller's contract for `alloc` is passed through unchanged.
+        unsafe { System.alloc(layout) }
+    }
+
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        count(layout.size());
+        // SAFETY: as above.
+        unsafe { System.alloc_zeroed(layout) }
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        count(new_size);
+        // SAFETY: as above.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: as above.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+}
+
+/// Heap allocations (and reallocations) made by this process so far.
+pub fn allocations() -> u64 {
+    ALLOCATIONS.load(Ordering::Relaxed)
+}
+
+/// Bytes requested by those allocations.
+pub fn allocated_bytes() -> u64 {
+    ALLOCATED_BYTES.load(Ordering::Relaxed)
+}
+
+/// Sets the counters on the installed metrics recorder every `interval` (spawned on the
+/// current tokio runtime; runs until the process ends).
+pub fn publish_every(interval: Duration) {
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(interval);
+        loop {
+            tick.tick().await;
+            metrics::counter!("process_heap_allocations_total").absolute(allocations());
+            metrics::counter!("process_heap_allocated_bytes_total").absolute(allocated_bytes());
+        }
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts_what_it_forwards() {
+        let layout = Layout::from_size_align(64, 8).unwrap_or(Layout::new::<u64>());
+        let before = allocations();
+        let bytes_before = allocated_bytes();
+        // SAFETY: a non-zero-sized layout, freed with the same layout.
+        unsafe {
+            let block = CountingAllocator.alloc(layout);
+            assert!(!block.is_null());
+            CountingAllocator.dealloc(block, layout);
+        }
+        assert!(allocations() > before);
+        assert!(allocated_bytes() >= bytes_before + 64);
+    }
+}
