@@ -22,6 +22,7 @@
 //! * `msgType` is carried but not validated, as in the reference.
 
 use bytes::{BufMut, Bytes, BytesMut};
+use smallvec::SmallVec;
 
 /// First byte of every frame.
 pub const MAGIC: u8 = 0xEF;
@@ -134,14 +135,23 @@ impl Frame {
     /// The bytes of an attribute listed in [`ATTR_BINARY`]; `None` when it is not one (or is
     /// not valid base64).
     pub fn binary_attribute(&self, name: &str) -> Option<Vec<u8>> {
-        use base64::Engine as _;
-        if !self.binary_names().any(|n| n == name) {
-            return None;
-        }
-        base64::engine::general_purpose::STANDARD
-            .decode(self.attribute(name)?)
-            .ok()
+        binary_value(self.attribute(ATTR_BINARY), name, self.attribute(name))
     }
+}
+
+/// The bytes of attribute `name` with value `value`, when `listed` (the [`ATTR_BINARY`] value)
+/// names it and the value is base64.
+fn binary_value(listed: Option<&str>, name: &str, value: Option<&str>) -> Option<Vec<u8>> {
+    use base64::Engine as _;
+    let listed = listed?
+        .split(BINARY_SEPARATOR)
+        .any(|listed| !listed.is_empty() && listed == name);
+    if !listed {
+        return None;
+    }
+    base64::engine::general_purpose::STANDARD
+        .decode(value?)
+        .ok()
 }
 
 impl Default for FrameLimits {
@@ -325,43 +335,18 @@ impl Frame {
 
     /// Decodes a frame, enforcing `limits`. The payload shares `buf`'s memory.
     pub fn decode(buf: &Bytes, limits: &FrameLimits) -> Result<Frame, FrameError> {
-        if buf.len() > limits.max_frame_bytes {
-            return Err(FrameError::FrameLength {
-                len: buf.len(),
-                max: limits.max_frame_bytes,
-            });
-        }
-        let header = Header::parse(buf)?;
-        check_count(header.key_count, limits)?;
-        check_data_len(header.data_len, limits)?;
-        let mut reader = Reader {
-            buf,
-            pos: HEADER_LEN,
-        };
-        let mut frame = Frame {
-            msg_type: header.msg_type,
-            flags: header.flags,
-            seq: header.seq,
-            // Bounded by max_attributes, so this cannot be a huge allocation.
-            attributes: Vec::with_capacity(header.key_count),
-            data: Bytes::new(),
-        };
-        for _ in 0..header.key_count {
-            let name_len = reader.u16("attribute name length")? as usize;
-            check_name_len(name_len, limits)?;
-            let name = reader.utf8(name_len, "name")?;
-            let value_len = reader.i32("attribute value length")? as i64;
-            check_value_len(value_len, limits)?;
-            let value = reader.utf8(value_len as usize, "value")?;
-            frame.set_attribute(name, value);
-        }
-        let data_len = header.data_len as usize;
-        frame.data = reader.take(data_len, "data")?;
-        let trailing = buf.len() - reader.pos;
-        if trailing != 0 {
-            return Err(FrameError::TrailingBytes(trailing));
-        }
-        Ok(frame)
+        let view = FrameView::decode(buf, limits)?;
+        Ok(Frame {
+            msg_type: view.msg_type,
+            flags: view.flags,
+            seq: view.seq,
+            attributes: view
+                .attributes
+                .iter()
+                .map(|(name, value)| ((*name).to_owned(), (*value).to_owned()))
+                .collect(),
+            data: view.data,
+        })
     }
 }
 
@@ -426,13 +411,103 @@ fn read_be<const N: usize>(buf: &[u8], pos: usize) -> Option<[u8; N]> {
     buf.get(pos..pos.checked_add(N)?)?.try_into().ok()
 }
 
+/// A decoded frame whose attribute names and values borrow the encoded buffer: no allocation
+/// up to [`INLINE_ATTRIBUTES`] attributes, none per attribute (the delivery path reads every
+/// pulled frame).
+/// Validation is exactly [`Frame::decode`]'s, which is this view made owned.
+#[derive(Debug, Clone)]
+pub struct FrameView<'a> {
+    /// Message type.
+    pub msg_type: u8,
+    /// Flag bits.
+    pub flags: u8,
+    /// Stream sequence number.
+    pub seq: i32,
+    /// Attributes in first-seen order; a repeated name keeps its first position and takes the
+    /// last value (as [`Frame::set_attribute`] does).
+    attributes: SmallVec<[(&'a str, &'a str); INLINE_ATTRIBUTES]>,
+    /// The payload (shares the buffer's memory).
+    pub data: Bytes,
+}
+
+/// Attributes a [`FrameView`] holds without allocating (an event's context attributes, the
+/// runtime's stamps and a few extensions).
+pub const INLINE_ATTRIBUTES: usize = 12;
+
+impl<'a> FrameView<'a> {
+    /// Decodes a frame, enforcing `limits`.
+    pub fn decode(buf: &'a Bytes, limits: &FrameLimits) -> Result<FrameView<'a>, FrameError> {
+        if buf.len() > limits.max_frame_bytes {
+            return Err(FrameError::FrameLength {
+                len: buf.len(),
+                max: limits.max_frame_bytes,
+            });
+        }
+        let header = Header::parse(buf)?;
+        check_count(header.key_count, limits)?;
+        check_data_len(header.data_len, limits)?;
+        let mut reader = Reader {
+            buf,
+            pos: HEADER_LEN,
+        };
+        // Bounded by max_attributes, so this cannot be a huge allocation.
+        let mut attributes: SmallVec<[(&'a str, &'a str); INLINE_ATTRIBUTES]> =
+            SmallVec::with_capacity(header.key_count);
+        for _ in 0..header.key_count {
+            let name_len = reader.u16("attribute name length")? as usize;
+            check_name_len(name_len, limits)?;
+            let name = reader.utf8(name_len, "name")?;
+            let value_len = reader.i32("attribute value length")? as i64;
+            check_value_len(value_len, limits)?;
+            let value = reader.utf8(value_len as usize, "value")?;
+            match attributes.iter_mut().find(|(n, _)| *n == name) {
+                Some(slot) => slot.1 = value,
+                None => attributes.push((name, value)),
+            }
+        }
+        let data_len = header.data_len as usize;
+        let data = reader.take(data_len, "data")?;
+        let trailing = buf.len() - reader.pos;
+        if trailing != 0 {
+            return Err(FrameError::TrailingBytes(trailing));
+        }
+        Ok(FrameView {
+            msg_type: header.msg_type,
+            flags: header.flags,
+            seq: header.seq,
+            attributes,
+            data,
+        })
+    }
+
+    /// Attributes in order.
+    pub fn attributes(&self) -> &[(&'a str, &'a str)] {
+        &self.attributes
+    }
+
+    /// The value of an attribute.
+    pub fn attribute(&self, name: &str) -> Option<&'a str> {
+        self.attributes
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map(|(_, v)| *v)
+    }
+
+    /// The bytes of an attribute listed in [`ATTR_BINARY`] whose value is `value`; `None`
+    /// when it is not one (or is not valid base64), as [`Frame::binary_attribute`].
+    pub fn binary_attribute(&self, name: &str, value: &str) -> Option<Vec<u8>> {
+        binary_value(self.attribute(ATTR_BINARY), name, Some(value))
+    }
+}
+
 struct Reader<'a> {
     buf: &'a Bytes,
     pos: usize,
 }
 
-impl Reader<'_> {
-    fn take(&mut self, len: usize, what: &'static str) -> Result<Bytes, FrameError> {
+impl<'a> Reader<'a> {
+    /// The next `len` bytes, borrowed.
+    fn slice(&mut self, len: usize, what: &'static str) -> Result<&'a [u8], FrameError> {
         let remaining = self.buf.len() - self.pos;
         if len > remaining {
             return Err(FrameError::Truncated {
@@ -441,24 +516,32 @@ impl Reader<'_> {
                 remaining,
             });
         }
-        let out = self.buf.slice(self.pos..self.pos + len);
+        let buf: &'a [u8] = self.buf;
+        let out = &buf[self.pos..self.pos + len];
         self.pos += len;
         Ok(out)
     }
 
+    /// The next `len` bytes, sharing the buffer's memory.
+    fn take(&mut self, len: usize, what: &'static str) -> Result<Bytes, FrameError> {
+        let start = self.pos;
+        self.slice(len, what)?;
+        Ok(self.buf.slice(start..self.pos))
+    }
+
     fn u16(&mut self, what: &'static str) -> Result<u16, FrameError> {
-        let b = self.take(2, what)?;
+        let b = self.slice(2, what)?;
         Ok(u16::from_be_bytes([b[0], b[1]]))
     }
 
     fn i32(&mut self, what: &'static str) -> Result<i32, FrameError> {
-        let b = self.take(4, what)?;
+        let b = self.slice(4, what)?;
         Ok(i32::from_be_bytes([b[0], b[1], b[2], b[3]]))
     }
 
-    fn utf8(&mut self, len: usize, what: &'static str) -> Result<String, FrameError> {
-        let bytes = self.take(len, what)?;
-        String::from_utf8(bytes.to_vec()).map_err(|_| FrameError::InvalidUtf8 { what })
+    fn utf8(&mut self, len: usize, what: &'static str) -> Result<&'a str, FrameError> {
+        let bytes = self.slice(len, what)?;
+        std::str::from_utf8(bytes).map_err(|_| FrameError::InvalidUtf8 { what })
     }
 }
 

@@ -166,6 +166,14 @@ macro_rules! string_newtype {
                 &self.0
             }
         }
+
+        // Hash, Eq and Ord all follow the text, so maps keyed by the name can be searched by
+        // `&str` (finding the shared name instead of building a new one).
+        impl std::borrow::Borrow<str> for $name {
+            fn borrow(&self) -> &str {
+                &self.0
+            }
+        }
     };
 }
 

@@ -16,6 +16,9 @@ use std::net::SocketAddr;
 use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
+use std::time::Instant;
+
+use metrics::{Counter, Gauge, Label};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
 use metrics_util::MetricKindMask;
 
@@ -58,6 +61,73 @@ pub const LATENCY_BUCKETS: &[f64] = &[
     0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
     1.0, 2.5, 5.0, 10.0,
 ];
+
+/// A metric handle kept by a hot path: `counter!`/`gauge!` look the metric up (and allocate)
+/// on every call, a kept handle does not. The exporter drops a metric left idle for
+/// [`IDLE_TIMEOUT`], after which updates through an old handle would be lost, so a handle
+/// unused for half that time is fetched again before its next update.
+#[derive(Debug)]
+pub struct Kept<H> {
+    name: &'static str,
+    labels: Vec<Label>,
+    handle: H,
+    used: Instant,
+    fetch: fn(&'static str, &[Label]) -> H,
+}
+
+impl<H> Kept<H> {
+    fn new(name: &'static str, labels: Vec<Label>, fetch: fn(&'static str, &[Label]) -> H) -> Self {
+        Kept {
+            handle: fetch(name, &labels),
+            name,
+            labels,
+            used: Instant::now(),
+            fetch,
+        }
+    }
+
+    fn handle(&mut self) -> &H {
+        let now = Instant::now();
+        if now.duration_since(self.used) > IDLE_TIMEOUT / 2 {
+            self.handle = (self.fetch)(self.name, &self.labels);
+        }
+        self.used = now;
+        &self.handle
+    }
+}
+
+/// A kept counter.
+pub type KeptCounter = Kept<Counter>;
+/// A kept gauge.
+pub type KeptGauge = Kept<Gauge>;
+
+impl Kept<Counter> {
+    /// The counter `name` with `labels`.
+    pub fn counter(name: &'static str, labels: Vec<Label>) -> Self {
+        Kept::new(name, labels, |name, labels| {
+            metrics::counter!(name, labels.to_vec())
+        })
+    }
+
+    /// Adds `value`.
+    pub fn increment(&mut self, value: u64) {
+        self.handle().increment(value);
+    }
+}
+
+impl Kept<Gauge> {
+    /// The gauge `name` with `labels`.
+    pub fn gauge(name: &'static str, labels: Vec<Label>) -> Self {
+        Kept::new(name, labels, |name, labels| {
+            metrics::gauge!(name, labels.to_vec())
+        })
+    }
+
+    /// Sets the value.
+    pub fn set(&mut self, value: f64) {
+        self.handle().set(value);
+    }
+}
 
 /// Why the exporter could not start.
 #[derive(Debug, thiserror::Error)]

@@ -4,7 +4,9 @@
 #![allow(clippy::unwrap_used)] // tests and benches: a failed unwrap is a failed run
 
 use bytes::Bytes;
-use eventmesh_common::frame::{Frame, FrameError, FrameLimits, HEADER_LEN, MSG_TYPE_EVENT, sniff};
+use eventmesh_common::frame::{
+    Frame, FrameError, FrameLimits, FrameView, HEADER_LEN, INLINE_ATTRIBUTES, MSG_TYPE_EVENT, sniff,
+};
 use proptest::prelude::*;
 
 const DEFAULT: FrameLimits = FrameLimits::DEFAULT;
@@ -189,6 +191,46 @@ fn duplicate_names_keep_first_position_and_last_value() {
         .map(|(n, v)| (n.as_str(), v.as_str()))
         .collect();
     assert_eq!(attrs, [("a", "3"), ("b", "2")]);
+    let bytes = frame.encode(&DEFAULT).unwrap();
+    let view = FrameView::decode(&bytes, &DEFAULT).unwrap();
+    assert_eq!(view.attributes(), [("a", "3"), ("b", "2")]);
+}
+
+/// The borrowed view reads what the owned frame reads: attributes past the inline capacity,
+/// binary attributes (listed and base64), a listed name whose value is not base64.
+#[test]
+fn the_borrowed_view_agrees_with_the_owned_frame() {
+    let mut frame = Frame::event();
+    for i in 0..INLINE_ATTRIBUTES + 3 {
+        frame.set_attribute(format!("k{i}"), format!("v{i}"));
+    }
+    frame.set_binary_attribute("sig", &[0xFF, 0, 0x80]);
+    frame.set_binary_attribute("bad", b"x");
+    frame.set_attribute("bad", "not base64!");
+    frame.data = Bytes::from_static(b"payload");
+    let bytes = frame.encode(&DEFAULT).unwrap();
+    let owned = Frame::decode(&bytes, &DEFAULT).unwrap();
+    let view = FrameView::decode(&bytes, &DEFAULT).unwrap();
+    let owned_attrs: Vec<(&str, &str)> = owned
+        .attributes()
+        .iter()
+        .map(|(n, v)| (n.as_str(), v.as_str()))
+        .collect();
+    assert_eq!(view.attributes(), owned_attrs.as_slice());
+    assert_eq!(view.data, owned.data);
+    for (name, value) in view.attributes() {
+        assert_eq!(
+            view.binary_attribute(name, value),
+            owned.binary_attribute(name),
+            "{name}"
+        );
+    }
+    assert_eq!(
+        view.binary_attribute("sig", view.attribute("sig").unwrap()),
+        Some(vec![0xFF, 0, 0x80])
+    );
+    assert_eq!(view.binary_attribute("bad", "not base64!"), None);
+    assert_eq!(view.binary_attribute("k1", "djE="), None, "not listed");
 }
 
 #[test]
@@ -255,6 +297,11 @@ proptest! {
     fn arbitrary_bytes_never_panic(bytes in prop::collection::vec(any::<u8>(), 0..256)) {
         let bytes = Bytes::from(bytes);
         let decoded = Frame::decode(&bytes, &DEFAULT);
+        // The view accepts and refuses exactly what the owned decode does.
+        prop_assert_eq!(
+            FrameView::decode(&bytes, &DEFAULT).map(|v| v.attributes().len()).map_err(|e| e.to_string()),
+            decoded.as_ref().map(|f| f.attributes().len()).map_err(|e| e.to_string())
+        );
         if decoded.is_ok() {
             prop_assert!(sniff(&bytes), "everything that decodes passes the sniff test");
         }

@@ -16,7 +16,8 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use eventmesh_common::metrics::group_label;
+use eventmesh_common::metrics::{KeptGauge, group_label};
+use metrics::Label;
 use tokio::sync::{Notify, Semaphore};
 
 /// KiB charged for a record of `bytes`.
@@ -40,10 +41,18 @@ pub struct TopicBudget {
     total: Charge,
     records: Semaphore,
     kib: Semaphore,
-    held: Mutex<HashMap<String, Charge>>,
+    held: Mutex<HashMap<String, Held>>,
     /// Groups of the topic, each with the signal its reservation waits on for room.
     members: Mutex<HashMap<String, Arc<Notify>>>,
     governing: Mutex<Option<String>>,
+}
+
+/// What one group holds, with its gauge (made once per group: every delivery's release
+/// updates it).
+#[derive(Debug)]
+struct Held {
+    charge: Charge,
+    gauge: KeptGauge,
 }
 
 impl TopicBudget {
@@ -69,6 +78,15 @@ impl TopicBudget {
 
     /// A group of the topic ended: the others' shares grow.
     pub fn leave(&self, group: &str) {
+        {
+            let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
+            if held
+                .get(group)
+                .is_some_and(|h| h.charge == Charge::default())
+            {
+                held.remove(group);
+            }
+        }
         let mut members = self.lock_members();
         members.remove(group);
         for signal in members.values() {
@@ -78,12 +96,15 @@ impl TopicBudget {
 
     /// No group is a member and nothing is held.
     pub fn is_unused(&self) -> bool {
-        self.lock_members().is_empty()
+        // One lock at a time (adjust_held takes `held`, then `members`).
+        let no_members = self.lock_members().is_empty();
+        no_members
             && self
                 .held
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
-                .is_empty()
+                .values()
+                .all(|h| h.charge == Charge::default())
     }
 
     /// What one group may hold: the budget divided by the topic's groups.
@@ -179,7 +200,7 @@ impl TopicBudget {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .get(group)
-            .copied()
+            .map(|h| h.charge)
             .unwrap_or_default()
     }
 
@@ -191,19 +212,38 @@ impl TopicBudget {
             .clone()
     }
 
+    /// Hot path (every pull and every retired delivery): a group's entry stays while it is a
+    /// member, even at zero, so nothing is allocated per call.
     fn adjust_held(&self, group: &str, charge: Charge, add: bool) {
         let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
-        let slot = held.entry(group.to_owned()).or_default();
-        if add {
-            slot.records += charge.records;
-            slot.kib += charge.kib;
-        } else {
-            slot.records = slot.records.saturating_sub(charge.records);
-            slot.kib = slot.kib.saturating_sub(charge.kib);
+        if !held.contains_key(group) {
+            let gauge = KeptGauge::gauge(
+                "dispatcher_buffered_records",
+                vec![
+                    Label::new("topic", self.topic.clone()),
+                    Label::new("group", group_label(group)),
+                ],
+            );
+            held.insert(
+                group.to_owned(),
+                Held {
+                    charge: Charge::default(),
+                    gauge,
+                },
+            );
         }
-        metrics::gauge!("dispatcher_buffered_records", "topic" => self.topic.clone(), "group" => group_label(group))
-            .set(f64::from(slot.records));
-        if *slot == Charge::default() {
+        let Some(slot) = held.get_mut(group) else {
+            return;
+        };
+        if add {
+            slot.charge.records += charge.records;
+            slot.charge.kib += charge.kib;
+        } else {
+            slot.charge.records = slot.charge.records.saturating_sub(charge.records);
+            slot.charge.kib = slot.charge.kib.saturating_sub(charge.kib);
+        }
+        slot.gauge.set(f64::from(slot.charge.records));
+        if slot.charge == Charge::default() && !self.lock_members().contains_key(group) {
             held.remove(group);
         }
     }
@@ -212,7 +252,10 @@ impl TopicBudget {
         let slowest = {
             let held = self.held.lock().unwrap_or_else(|p| p.into_inner());
             held.iter()
-                .max_by_key(|(name, charge)| (charge.records, std::cmp::Reverse((*name).clone())))
+                .filter(|(_, held)| held.charge.records > 0)
+                .max_by_key(|(name, held)| {
+                    (held.charge.records, std::cmp::Reverse((*name).clone()))
+                })
                 .map(|(name, _)| name.clone())
         };
         let mut governing = self.governing.lock().unwrap_or_else(|p| p.into_inner());

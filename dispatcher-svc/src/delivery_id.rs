@@ -20,16 +20,41 @@ pub struct DeliveryId {
 
 impl DeliveryId {
     /// Parses an id as sent by a client; `None` when malformed.
+    /// Only the canonical form is accepted (what [`fmt::Display`] writes: lowercase hex, no
+    /// signs, no leading zeros, exactly three parts), checked without allocating: every ACK
+    /// parses one.
     pub fn parse(text: &str) -> Option<DeliveryId> {
-        let mut parts = text.splitn(3, '.');
-        let mut next = || u64::from_str_radix(parts.next()?, 16).ok();
+        let mut parts = text.split('.');
+        let mut next = || canonical_hex(parts.next()?);
         let id = DeliveryId {
             epoch: next()?,
             group: next()?,
             seq: next()?,
         };
-        // Exactly the canonical form: no signs, no leading zeros, no extra parts.
-        (id.to_string() == text).then_some(id)
+        parts.next().is_none().then_some(id)
+    }
+}
+
+/// A lowercase hexadecimal number without sign or leading zeros.
+fn canonical_hex(part: &str) -> Option<u64> {
+    let digits_only = part
+        .bytes()
+        .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
+    let no_leading_zero = part.len() == 1 || !part.starts_with('0');
+    if part.is_empty() || !digits_only || !no_leading_zero {
+        return None;
+    }
+    u64::from_str_radix(part, 16).ok()
+}
+
+impl DeliveryId {
+    /// The id as text, in one allocation (formatting into an empty `String` grows it several
+    /// times; every delivery makes one).
+    pub fn to_text(&self) -> String {
+        use std::fmt::Write as _;
+        let mut text = String::with_capacity(3 * 16 + 2);
+        let _ = write!(text, "{self}");
+        text
     }
 }
 
@@ -51,8 +76,27 @@ mod tests {
             seq: 1_000,
         };
         assert_eq!(DeliveryId::parse(&id.to_string()), Some(id));
+        let extremes = DeliveryId {
+            epoch: u64::MAX,
+            group: 0,
+            seq: 0xa,
+        };
+        assert_eq!(DeliveryId::parse(&extremes.to_string()), Some(extremes));
         for junk in [
-            "", "x", "1.2", "1.2.3.4", "1.2.-3", "01.2.3", "1.2.3 ", "+1.2.3",
+            "",
+            "x",
+            "1.2",
+            "1.2.3.4",
+            "1.2.-3",
+            "01.2.3",
+            "1.2.3 ",
+            "+1.2.3",
+            "1.2.A",
+            "1.2.3.",
+            ".1.2",
+            "1..2",
+            "1.2.00",
+            "1.2.10000000000000000",
         ] {
             assert_eq!(DeliveryId::parse(junk), None, "{junk:?}");
         }

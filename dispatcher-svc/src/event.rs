@@ -11,7 +11,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
-use eventmesh_common::frame::{ATTR_BINARY, Frame, FrameError, FrameLimits, RESERVED_ATTR_PREFIX};
+use eventmesh_common::frame::{
+    ATTR_BINARY, Frame, FrameError, FrameLimits, FrameView, RESERVED_ATTR_PREFIX,
+};
 use eventmesh_proto::client::Event;
 
 use crate::error::DispatcherError;
@@ -101,25 +103,27 @@ pub fn encode_for_publish(mut event: Event) -> Result<(Bytes, String), Dispatche
     Ok((body, event.id))
 }
 
-/// Turns a pulled, stamped frame into the client's event.
+/// Turns a pulled, stamped frame into the client's event. Reads the frame in place: the only
+/// allocations are the event's own strings and maps.
 pub fn decode_for_delivery(body: &Bytes) -> Result<Event, FrameError> {
     // Stamping adds a few attributes to a frame that met the user limits; decode with room.
-    let frame = Frame::decode(body, &FrameLimits::STAMPED)?;
+    let frame = FrameView::decode(body, &FrameLimits::STAMPED)?;
     let mut event = Event {
         data: frame.data.clone(),
         ..Event::default()
     };
-    for (name, value) in frame.attributes() {
+    for &(name, value) in frame.attributes() {
         if name == ATTR_BINARY {
             continue;
         }
-        if let Some(bytes) = frame.binary_attribute(name) {
+        // A listed value that is not base64 stays a text attribute.
+        if let Some(bytes) = frame.binary_attribute(name, value) {
             event
                 .binary_attributes
-                .insert(name.clone(), Bytes::from(bytes));
+                .insert(name.to_owned(), Bytes::from(bytes));
             continue;
         }
-        let slot = match name.as_str() {
+        let slot = match name {
             ID => &mut event.id,
             SOURCE => &mut event.source,
             TYPE => &mut event.r#type,
@@ -127,11 +131,11 @@ pub fn decode_for_delivery(body: &Bytes) -> Result<Event, FrameError> {
             TIME => &mut event.time,
             DATA_CONTENT_TYPE => &mut event.data_content_type,
             _ => {
-                event.attributes.insert(name.clone(), value.clone());
+                event.attributes.insert(name.to_owned(), value.to_owned());
                 continue;
             }
         };
-        *slot = value.clone();
+        value.clone_into(slot);
     }
     Ok(event)
 }

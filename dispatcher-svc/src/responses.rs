@@ -63,24 +63,24 @@ impl Responses {
             meter,
         }
     }
+}
 
-    /// Stamps a delivery's deadline, tells its group it was written, and counts its bytes.
-    fn take_delivery(
-        &self,
-        mut message: Box<pb::Delivery>,
-        seq: u64,
-        group: &mpsc::UnboundedSender<GroupCmd>,
-    ) -> pb::Delivery {
-        stamp_deadline(&mut message, self.ack_timeout);
-        self.meter
-            .delivered(message.event.as_ref().map_or(0, |e| e.data.len()));
-        let _ = group.send(GroupCmd::Written {
-            seq,
-            session: self.session,
-            at: Instant::now(),
-        });
-        *message
-    }
+/// Stamps a delivery's deadline, tells its group it was written, and counts its bytes.
+fn take_delivery(
+    written: (u64, Duration, &Meter),
+    mut message: pb::Delivery,
+    seq: u64,
+    group: &mpsc::UnboundedSender<GroupCmd>,
+) -> pb::Delivery {
+    let (session, ack_timeout, meter) = written;
+    stamp_deadline(&mut message, ack_timeout);
+    meter.delivered(message.event.as_ref().map_or(0, |e| e.data.len()));
+    let _ = group.send(GroupCmd::Written {
+        seq,
+        session,
+        at: Instant::now(),
+    });
+    message
 }
 
 /// An item's encoded size: data, key, attributes and all (a client's message limit counts
@@ -115,8 +115,35 @@ impl Stream for Responses {
             return Poll::Ready(Some(Err(status)));
         }
         let mut bytes = encoded_len(&first);
-        let mut ready = vec![first];
-        while ready.len() < MAX_BATCH_ITEMS {
+        // Sized once from what is queued now (a batch that grew item by item reallocated
+        // several times per message).
+        let capacity = this.items.len().min(MAX_BATCH_ITEMS - 1) + 1;
+        let mut batch = pb::ResponseBatch::default();
+        let written = (this.session, this.ack_timeout, &*this.meter);
+        let add = |batch: &mut pb::ResponseBatch, item| match item {
+            Outbound::Delivery {
+                message,
+                seq,
+                group,
+            } => {
+                if batch.deliveries.capacity() == 0 {
+                    batch.deliveries.reserve_exact(capacity);
+                }
+                batch
+                    .deliveries
+                    .push(take_delivery(written, message, seq, &group));
+            }
+            Outbound::Result(result) => {
+                if batch.ack_results.capacity() == 0 {
+                    batch.ack_results.reserve_exact(capacity);
+                }
+                batch.ack_results.push(result);
+            }
+            Outbound::End(_) => {} // never gathered: carried to the next message below
+        };
+        add(&mut batch, first);
+        let mut count = 1;
+        while count < MAX_BATCH_ITEMS {
             let Ok(next) = this.items.try_recv() else {
                 break;
             };
@@ -126,21 +153,8 @@ impl Stream for Responses {
                 break;
             }
             bytes += size;
-            ready.push(next);
-        }
-        let mut batch = pb::ResponseBatch::default();
-        for item in ready {
-            match item {
-                Outbound::Delivery {
-                    message,
-                    seq,
-                    group,
-                } => batch
-                    .deliveries
-                    .push(this.take_delivery(message, seq, &group)),
-                Outbound::Result(result) => batch.ack_results.push(result),
-                Outbound::End(_) => {} // never gathered: carried to the next message above
-            }
+            count += 1;
+            add(&mut batch, next);
         }
         let kind = match (batch.deliveries.len(), batch.ack_results.len()) {
             (1, 0) => batch
@@ -207,7 +221,7 @@ mod tests {
     impl Harness {
         async fn deliver(&self, n: u64, data_bytes: usize) {
             let item = Outbound::Delivery {
-                message: Box::new(delivery(n, data_bytes)),
+                message: delivery(n, data_bytes),
                 seq: n,
                 group: self.group.clone(),
             };

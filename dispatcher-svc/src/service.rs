@@ -544,6 +544,7 @@ impl SessionTask {
                 detail: detail.to_owned(),
             }));
         };
+        // (The id is cloned only on these rare paths; the routed command takes it.)
         let Some(id) = DeliveryId::parse(&raw_id) else {
             return unknown("malformed delivery id");
         };
@@ -556,7 +557,7 @@ impl SessionTask {
         let _ = group.commands.send(GroupCmd::Settle {
             op,
             id,
-            raw_id: raw_id.clone(),
+            raw_id,
             client: self.client.clone(),
             reply_to: self.out_tx.clone(),
         });

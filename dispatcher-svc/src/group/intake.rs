@@ -58,7 +58,7 @@ impl Group {
     pub(super) fn pulled(&mut self, batch: PullResponse, charge: Charge) {
         if self.closing {
             tracing::debug!(group = %self.key, records = batch.records.len(), "a closing group takes no batch; its records stay unsettled");
-            self.budget.release(&self.group_label(), charge);
+            self.budget.release(self.group_label(), charge);
             return;
         }
         for range in &batch.ranges {
@@ -68,7 +68,14 @@ impl Group {
         }
         let mut unused = charge;
         for record in batch.records {
-            let Ok(partition) = PartitionId::new(record.partition.clone()) else {
+            // A partition the group tracks already is shared, not parsed again.
+            let known = self
+                .partitions
+                .get_key_value(record.partition.as_str())
+                .map(|(known, _)| known.clone());
+            let Some(partition) =
+                known.or_else(|| PartitionId::new(record.partition.as_str()).ok())
+            else {
                 tracing::error!(
                     partition = record.partition,
                     "puller sent an invalid partition id; record ignored (it stays unsettled)"
@@ -107,7 +114,7 @@ impl Group {
                     Err(err) => (None, Some(format!("frame does not decode: {err}"))),
                 },
             };
-            let delivery = Delivery::new(id.to_string(), partition, event, record, cost);
+            let delivery = Delivery::new(id, partition, event, record, cost);
             self.deliveries.insert(seq, delivery);
             match problem {
                 Some(reason) => self.dead_letter(seq, reason),
@@ -127,7 +134,7 @@ impl Group {
         }
         // Budget reserved but not filled (duplicates, short batches) goes back at once.
         if unused != Charge::default() {
-            self.budget.release(&self.group_label(), unused);
+            self.budget.release(self.group_label(), unused);
         }
         self.pump();
     }
@@ -139,7 +146,7 @@ impl Group {
         metrics::counter!(
             "dispatcher_retention_lost_offsets_total",
             "topic" => self.key.topic.to_string(),
-            "group" => eventmesh_common::metrics::group_label(&self.group_label())
+            "group" => eventmesh_common::metrics::group_label(self.group_label())
         )
         .increment(lost.unsigned_abs());
         self.partition(partition, first)

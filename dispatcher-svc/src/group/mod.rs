@@ -50,6 +50,7 @@ use crate::delivery_id::DeliveryId;
 use crate::offset_writer::{WriteJob, WriteNotice};
 use crate::registry::{GroupKey, Shared};
 use crate::watermark::{ClientWatermark, GroupWatermark};
+use eventmesh_common::metrics::KeptCounter;
 
 pub use state::{Delivery, DeliveryState};
 
@@ -58,13 +59,15 @@ pub use state::{Delivery, DeliveryState};
 const IDLE_FLUSH: Duration = Duration::from_millis(500);
 
 /// What a session receives from its group, in order.
+// Deliveries are nearly all of the traffic: boxing the big variant would cost an allocation
+// per delivery to save channel slot space.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug)]
 pub enum Outbound {
     /// A delivery to write to the client; the stream reports back when it has.
     Delivery {
-        /// The delivery (its ACK deadline is filled in when written); boxed, it is the big
-        /// variant.
-        message: Box<pb::Delivery>,
+        /// The delivery (its ACK deadline is filled in when written).
+        message: pb::Delivery,
         /// The group's sequence number of it.
         seq: u64,
         /// Where to report that it was written.
@@ -207,6 +210,13 @@ pub struct GroupInit {
 
 /// The actor. Built by [`spawn`].
 pub(crate) struct Group {
+    /// `key.label()`, kept.
+    label: String,
+    /// The buffer `settle` collects a delivery's offset values in (kept for its capacity).
+    settle_scratch: Vec<(OffsetKey, i64)>,
+    /// `dispatcher_deliveries_total` and `dispatcher_acks_total`, kept (counted per event).
+    deliveries_total: KeptCounter,
+    acks_total: KeptCounter,
     shared: Arc<Shared>,
     key: GroupKey,
     number: u64,
@@ -290,6 +300,10 @@ pub(crate) fn spawn(
     let writes_healthy = *shared.writer.health().borrow();
     let group = Group {
         shared,
+        label: init.key.label(),
+        settle_scratch: Vec::new(),
+        deliveries_total: KeptCounter::counter("dispatcher_deliveries_total", Vec::new()),
+        acks_total: KeptCounter::counter("dispatcher_acks_total", Vec::new()),
         key: init.key,
         number: init.number,
         budget: init.budget,
@@ -382,11 +396,11 @@ impl Group {
         commands.close();
         while let Ok(command) = commands.try_recv() {
             if let GroupCmd::Pulled { charge, .. } = command {
-                self.budget.release(&self.group_label(), charge);
+                self.budget.release(self.group_label(), charge);
             }
         }
         self.release_all();
-        self.budget.leave(&self.group_label());
+        self.budget.leave(self.group_label());
         self.shared.group_ended(&self.key, self.number);
         let _ = self.ended.send(true);
         tracing::info!(group = %self.key, "subscription group ended");
@@ -407,8 +421,9 @@ impl Group {
         Duration::from_millis(self.shared.settings.group_grace_ms)
     }
 
-    fn group_label(&self) -> String {
-        self.key.label()
+    /// The group's label (computed once: the budget is told on every retired delivery).
+    fn group_label(&self) -> &str {
+        &self.label
     }
 
     fn handle(&mut self, command: GroupCmd) {
@@ -431,7 +446,7 @@ impl Group {
                 raw_id,
                 client,
                 reply_to,
-            } => self.settle_request(op, id, &raw_id, &client, reply_to),
+            } => self.settle_request(op, id, raw_id, &client, reply_to),
             GroupCmd::Written { seq, session, at } => self.written(seq, session, at),
             GroupCmd::Pulled { batch, charge } => self.pulled(batch, charge),
             GroupCmd::Write {
@@ -462,12 +477,12 @@ impl Group {
         &mut self,
         op: SettleOp,
         id: DeliveryId,
-        raw_id: &str,
+        raw_id: String,
         client: &ClientId,
         reply_to: mpsc::UnboundedSender<Outbound>,
     ) {
         let reply = |outcome, detail: &str| {
-            let _ = reply_to.send(result(raw_id, outcome, detail));
+            let _ = reply_to.send(result(&raw_id, outcome, detail));
         };
         // One client may not hold a delivery away from its group for long: NACK delays and
         // extensions are capped, and the answer says so.
@@ -498,8 +513,9 @@ impl Group {
                 );
             }
             (SettleOp::Ack, state) => {
-                metrics::counter!("dispatcher_acks_total").increment(1);
-                delivery.waiters.push(reply_to.clone());
+                self.acks_total.increment(1);
+                // The waiter keeps the id as the client sent it, for the answers to come.
+                delivery.waiters.push((reply_to.clone(), raw_id));
                 delivery.state = DeliveryState::Writing;
                 clear_timer(&mut self.timers, delivery, id.seq);
                 self.free_slot(state);
@@ -603,7 +619,8 @@ impl Group {
         };
         let (partition, offset) = (delivery.partition.clone(), delivery.offset);
         let clients = delivery.clients.clone();
-        let mut entries = Vec::with_capacity(1 + clients.len());
+        // Reused for every settled delivery: no allocation per ACK.
+        let mut entries = std::mem::take(&mut self.settle_scratch);
         let mut cursor = None;
         if let Some(track) = self.partitions.get_mut(&partition) {
             track.tracker.settle(offset);
@@ -633,7 +650,8 @@ impl Group {
                 self.clients.remove(&key);
             }
         }
-        self.settled.add(seq, entries, cursor);
+        self.settled.add(seq, entries.drain(..), cursor);
+        self.settle_scratch = entries;
     }
 
     /// Hands what the settled deliveries need durable to the writer as one job.
@@ -708,9 +726,9 @@ impl Group {
                     let Some(delivery) = self.deliveries.get(&token) else {
                         continue; // retired meanwhile
                     };
-                    for waiter in &delivery.waiters {
+                    for (waiter, raw_id) in &delivery.waiters {
                         let _ = waiter.send(result(
-                            &delivery.id,
+                            raw_id,
                             AckOutcome::Pending,
                             "ACK accepted; the offset store is unavailable and the write is being retried",
                         ));
@@ -779,7 +797,7 @@ impl Group {
     /// Forgets a delivery without answering or forwarding anything; returns its budget.
     fn drop_unanswered(&mut self, seq: u64) {
         if let Some(delivery) = self.deliveries.remove(&seq) {
-            self.budget.release(&self.group_label(), delivery.charge);
+            self.budget.release(self.group_label(), delivery.charge);
         }
     }
 
@@ -787,10 +805,15 @@ impl Group {
         let Some(delivery) = self.deliveries.remove(&seq) else {
             return;
         };
-        for waiter in &delivery.waiters {
-            let _ = waiter.send(result(&delivery.id, AckOutcome::Durable, ""));
+        self.budget.release(&self.label, delivery.charge);
+        // Each waiter's answer takes the id it kept.
+        for (waiter, delivery_id) in delivery.waiters {
+            let _ = waiter.send(Outbound::Result(pb::AckResult {
+                delivery_id,
+                outcome: AckOutcome::Durable as i32,
+                detail: String::new(),
+            }));
         }
-        self.budget.release(&self.group_label(), delivery.charge);
         if !delivery.ack_key.is_empty() {
             self.shared
                 .broker_acks
@@ -830,7 +853,7 @@ impl Group {
             return;
         };
         delivery.state = DeliveryState::DeadLettering;
-        tracing::warn!(group = %self.key, delivery = delivery.id, partition = %delivery.partition, offset = delivery.offset, attempts = delivery.attempt, reason, "dead-lettering");
+        tracing::warn!(group = %self.key, delivery = %delivery.id, partition = %delivery.partition, offset = delivery.offset, attempts = delivery.attempt, reason, "dead-lettering");
         let letter = delivery.dead_letter(&self.key, reason);
         let group = self.cmd_tx.clone();
         let shared = Arc::clone(&self.shared);
@@ -885,9 +908,8 @@ impl Group {
     }
 
     fn release_all(&mut self) {
-        let label = self.group_label();
         for (_, delivery) in self.deliveries.drain() {
-            self.budget.release(&label, delivery.charge);
+            self.budget.release(&self.label, delivery.charge);
         }
     }
 }

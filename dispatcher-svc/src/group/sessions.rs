@@ -51,7 +51,7 @@ impl Group {
             let Some(delivery) = self.deliveries.get_mut(&seq) else {
                 continue;
             };
-            let message = Box::new(delivery.message(&self.key.topic));
+            let message = delivery.message(&self.key.topic);
             delivery.state = DeliveryState::Assigned {
                 session: slot.link.id,
             };
@@ -77,7 +77,7 @@ impl Group {
                 .or_default()
                 .tracker
                 .sent(offset);
-            metrics::counter!("dispatcher_deliveries_total").increment(1);
+            self.deliveries_total.increment(1);
         }
     }
 

@@ -47,7 +47,7 @@ impl SettledWrites {
     pub fn add(
         &mut self,
         token: u64,
-        entries: Vec<(OffsetKey, i64)>,
+        entries: impl IntoIterator<Item = (OffsetKey, i64)>,
         cursor: Option<(PartitionId, i64)>,
     ) {
         self.tokens.push(token);

@@ -7,8 +7,10 @@ use eventmesh_common::dead_letter::DeadLetter;
 use eventmesh_common::keys::{ClientId, PartitionId, Topic};
 use eventmesh_proto::client as pb;
 use eventmesh_proto::puller::PulledRecord;
+use smallvec::SmallVec;
 
 use crate::budget::Charge;
+use crate::delivery_id::DeliveryId;
 use crate::registry::GroupKey;
 
 /// Where a delivery is in its life (see the module doc of `group`).
@@ -51,14 +53,19 @@ impl DeliveryState {
 /// One tracked delivery.
 #[derive(Debug)]
 pub struct Delivery {
-    /// Its id, as clients see it.
-    pub id: String,
+    /// Its id (made text only when sent: clients answer with it, and an ACK's waiter keeps
+    /// the client's copy).
+    pub id: DeliveryId,
     /// The MQ partition.
     pub partition: PartitionId,
     /// The MQ offset.
     pub offset: i64,
-    /// The decoded event; `None` when it cannot be delivered (dead-lettered at once).
-    pub event: Option<pb::Event>,
+    /// The decoded event until its first send takes it (a redelivery decodes `body` again:
+    /// rare, and cheaper than a copy of every event); `None` after that, or when it cannot be
+    /// delivered.
+    event: Option<pb::Event>,
+    /// Whether the body decoded (an undecodable one is dead-lettered at once, never sent).
+    decodable: bool,
     /// The body as pulled, for the dead-letter copy.
     pub body: Bytes,
     /// The broker ACK key, empty when none is needed.
@@ -69,12 +76,13 @@ pub struct Delivery {
     pub attempt: u32,
     /// Where it is.
     pub state: DeliveryState,
-    /// Every client it was sent to (any of them may settle it).
-    pub clients: Vec<ClientId>,
+    /// Every client it was sent to (any of them may settle it); nearly always one, kept
+    /// inline.
+    pub clients: SmallVec<[ClientId; 1]>,
     /// Budget it holds.
     pub charge: Charge,
-    /// Sessions waiting for its ACK's outcome.
-    pub waiters: Vec<tokio::sync::mpsc::UnboundedSender<super::Outbound>>,
+    /// Sessions waiting for its ACK's outcome, each with the delivery id as its client sent it.
+    pub waiters: SmallVec<[(tokio::sync::mpsc::UnboundedSender<super::Outbound>, String); 1]>,
     /// The pending timer (ACK deadline or backoff end).
     pub timer: Option<Instant>,
     /// An extension asked for before the ACK clock started.
@@ -84,7 +92,7 @@ pub struct Delivery {
 impl Delivery {
     /// A new, ready delivery of a pulled record.
     pub fn new(
-        id: String,
+        id: DeliveryId,
         partition: PartitionId,
         event: Option<pb::Event>,
         record: PulledRecord,
@@ -94,29 +102,36 @@ impl Delivery {
             id,
             partition,
             offset: record.offset,
+            decodable: event.is_some(),
             event,
             body: record.frame,
             ack_key: record.ack_key,
             key: record.key,
             attempt: 1,
             state: DeliveryState::Ready,
-            clients: Vec::new(),
+            clients: SmallVec::new(),
             charge,
-            waiters: Vec::new(),
+            waiters: SmallVec::new(),
             timer: None,
             extension: None,
         }
     }
 
     /// The message for the client (the deadline is stamped when written).
-    pub fn message(&self, topic: &Topic) -> pb::Delivery {
+    pub fn message(&mut self, topic: &Topic) -> pb::Delivery {
+        let event = match self.event.take() {
+            Some(event) => Some(event),
+            // It decoded at intake, so it decodes again.
+            None if self.decodable => crate::event::decode_for_delivery(&self.body).ok(),
+            None => None,
+        };
         pb::Delivery {
-            delivery_id: self.id.clone(),
+            delivery_id: self.id.to_text(),
             attempt: self.attempt,
             topic: topic.to_string(),
             partition: self.partition.to_string(),
             offset: self.offset,
-            event: self.event.clone(),
+            event,
             ack_deadline_unix_ms: 0,
             key: self.key.clone(),
         }
@@ -137,11 +152,7 @@ impl Delivery {
     /// Its dead-letter envelope.
     pub fn dead_letter(&self, group: &GroupKey, reason: String) -> DeadLetter {
         // An undecodable event was never delivered.
-        let attempts = if self.event.is_none() {
-            0
-        } else {
-            self.attempt
-        };
+        let attempts = if !self.decodable { 0 } else { self.attempt };
         DeadLetter {
             reason,
             attempts,
