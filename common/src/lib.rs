@@ -12,12 +12,11 @@
 //! * [`metrics`] — the Prometheus exporter.
 //! * [`grpc`] — the gRPC server settings, health, reflection and ordered drain every service uses.
 //! * [`shutdown`] — the signal-driven cancellation token.
-//! * `alloc_count` (feature `count-allocations`) — a counting global allocator for benchmarks.
+//! * [`alloc`] — the services' global allocator (counting, with feature `count-allocations`).
 //!
 //! Code lands here only when two services really share it.
 
-#[cfg(feature = "count-allocations")]
-pub mod alloc_count;
+pub mod alloc;
 pub mod config;
 pub mod crash;
 pub mod dead_letter;

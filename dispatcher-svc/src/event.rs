@@ -103,6 +103,12 @@ pub fn encode_for_publish(mut event: Event) -> Result<(Bytes, String), Dispatche
     Ok((body, event.id))
 }
 
+/// Whether a pulled, stamped frame will decode into an event (exactly
+/// [`decode_for_delivery`]'s check, without building the event).
+pub fn check_for_delivery(body: &Bytes) -> Result<(), FrameError> {
+    FrameView::decode(body, &FrameLimits::STAMPED).map(drop)
+}
+
 /// Turns a pulled, stamped frame into the client's event. Reads the frame in place: the only
 /// allocations are the event's own strings and maps.
 pub fn decode_for_delivery(body: &Bytes) -> Result<Event, FrameError> {

@@ -6,10 +6,8 @@ use anyhow::Context;
 use clap::Parser;
 use dispatcher_svc::config::Args;
 
-#[cfg(feature = "count-allocations")]
 #[global_allocator]
-static ALLOCATOR: eventmesh_common::alloc_count::CountingAllocator =
-    eventmesh_common::alloc_count::CountingAllocator;
+static ALLOCATOR: eventmesh_common::alloc::Allocator = eventmesh_common::alloc::ALLOCATOR;
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
@@ -17,7 +15,7 @@ async fn main() -> anyhow::Result<()> {
     let _telemetry = eventmesh_common::telemetry::init("dispatcher-svc", config.log_format)?;
     eventmesh_common::metrics::install(config.metrics_listen)?;
     #[cfg(feature = "count-allocations")]
-    eventmesh_common::alloc_count::publish_every(std::time::Duration::from_millis(200));
+    eventmesh_common::alloc::publish_every(std::time::Duration::from_millis(200));
     let shutdown =
         eventmesh_common::shutdown::on_signals().context("installing signal handlers")?;
     let (server, _shared) = dispatcher_svc::server::start(config, shutdown).await?;

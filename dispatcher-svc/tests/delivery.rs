@@ -109,7 +109,7 @@ async fn nack_redelivers_with_the_same_id_and_an_earlier_attempts_ack_counts() {
     let second = session.deliveries(1, WAIT).await.remove(0);
     assert_eq!(second.delivery_id, first.delivery_id);
     assert_eq!(second.attempt, 2);
-    // The first send took the decoded event; the redelivery decodes it again, identically.
+    // Each send decodes the pulled body: the redelivery carries the same event.
     assert!(first.event.is_some());
     assert_eq!(second.event, first.event);
     assert_eq!(

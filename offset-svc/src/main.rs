@@ -6,6 +6,9 @@ use anyhow::Context;
 use clap::Parser;
 use offset_svc::config::Args;
 
+#[global_allocator]
+static ALLOCATOR: eventmesh_common::alloc::Allocator = eventmesh_common::alloc::ALLOCATOR;
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let config = Args::parse().into_config()?;

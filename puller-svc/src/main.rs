@@ -15,6 +15,9 @@ use puller_svc::storage::Storage;
 use puller_svc::storage::kafka::KafkaStorage;
 use puller_svc::storage::local::LocalStorage;
 
+#[global_allocator]
+static ALLOCATOR: eventmesh_common::alloc::Allocator = eventmesh_common::alloc::ALLOCATOR;
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let config = Args::parse().into_config()?;

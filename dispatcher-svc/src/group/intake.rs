@@ -24,7 +24,7 @@ use eventmesh_proto::puller::{BodyKind, PullResponse};
 use super::{Delivery, Group, PartitionTrack};
 use crate::budget::{Charge, kib_cost};
 use crate::delivery_id::DeliveryId;
-use crate::event::decode_for_delivery;
+use crate::event::check_for_delivery;
 use crate::watermark::{Admission, GroupWatermark};
 
 impl PartitionTrack {
@@ -107,14 +107,14 @@ impl Group {
                 Ok(BodyKind::MalformedFrame) => Some(record.malformed_reason.clone()),
                 _ => None,
             };
-            let (event, problem) = match malformed {
-                Some(reason) => (None, Some(reason)),
-                None => match decode_for_delivery(&record.frame) {
-                    Ok(event) => (Some(event), None),
-                    Err(err) => (None, Some(format!("frame does not decode: {err}"))),
-                },
+            // Checked now, decoded when sent: a waiting delivery holds only the pulled bytes.
+            let problem = match malformed {
+                Some(reason) => Some(reason),
+                None => check_for_delivery(&record.frame)
+                    .err()
+                    .map(|err| format!("frame does not decode: {err}")),
             };
-            let delivery = Delivery::new(id, partition, event, record, cost);
+            let delivery = Delivery::new(id, partition, problem.is_none(), record, cost);
             self.deliveries.insert(seq, delivery);
             match problem {
                 Some(reason) => self.dead_letter(seq, reason),

@@ -58,6 +58,10 @@ pub use state::{Delivery, DeliveryState};
 /// flushed.
 const IDLE_FLUSH: Duration = Duration::from_millis(500);
 
+/// The group's per-event maps: touched several times per delivery, so hashed with a fast
+/// hasher (seeded per process; keys are sequence numbers and validated names).
+type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
+
 /// What a session receives from its group, in order.
 // Deliveries are nearly all of the traffic: boxing the big variant would cost an allocation
 // per delivery to save channel slot space.
@@ -226,13 +230,13 @@ pub(crate) struct Group {
     sessions: Vec<SessionSlot>,
     next_session: usize,
     next_seq: u64,
-    deliveries: HashMap<u64, Delivery>,
+    deliveries: FastMap<u64, Delivery>,
     ready: VecDeque<u64>,
     timers: BTreeSet<(Instant, u64)>,
     seeds: HashMap<PartitionId, i64>,
     lost_seeds: HashMap<PartitionId, i64>,
-    partitions: HashMap<PartitionId, PartitionTrack>,
-    clients: HashMap<(ClientId, PartitionId), ClientTrack>,
+    partitions: FastMap<PartitionId, PartitionTrack>,
+    clients: FastMap<(ClientId, PartitionId), ClientTrack>,
     grace_until: Option<Instant>,
     closing: bool,
     writes_healthy: bool,
@@ -312,13 +316,13 @@ pub(crate) fn spawn(
         sessions: Vec::new(),
         next_session: 0,
         next_seq: 1,
-        deliveries: HashMap::new(),
+        deliveries: FastMap::default(),
         ready: VecDeque::new(),
         timers: BTreeSet::new(),
         seeds: init.seeds,
         lost_seeds: init.lost,
-        partitions: HashMap::new(),
-        clients: HashMap::new(),
+        partitions: FastMap::default(),
+        clients: FastMap::default(),
         grace_until: None,
         closing: false,
         writes_healthy,

@@ -60,11 +60,10 @@ pub struct Delivery {
     pub partition: PartitionId,
     /// The MQ offset.
     pub offset: i64,
-    /// The decoded event until its first send takes it (a redelivery decodes `body` again:
-    /// rare, and cheaper than a copy of every event); `None` after that, or when it cannot be
-    /// delivered.
-    event: Option<pb::Event>,
-    /// Whether the body decoded (an undecodable one is dead-lettered at once, never sent).
+    /// Whether the body decodes (checked at intake; an undecodable one is dead-lettered at
+    /// once, never sent). The event is decoded from `body` for each send: a waiting delivery
+    /// holds no decoded copy, and the tracked record stays small (it moves in and out of the
+    /// group's map).
     decodable: bool,
     /// The body as pulled, for the dead-letter copy.
     pub body: Bytes,
@@ -94,7 +93,7 @@ impl Delivery {
     pub fn new(
         id: DeliveryId,
         partition: PartitionId,
-        event: Option<pb::Event>,
+        decodable: bool,
         record: PulledRecord,
         charge: Charge,
     ) -> Self {
@@ -102,8 +101,7 @@ impl Delivery {
             id,
             partition,
             offset: record.offset,
-            decodable: event.is_some(),
-            event,
+            decodable,
             body: record.frame,
             ack_key: record.ack_key,
             key: record.key,
@@ -118,12 +116,11 @@ impl Delivery {
     }
 
     /// The message for the client (the deadline is stamped when written).
-    pub fn message(&mut self, topic: &Topic) -> pb::Delivery {
-        let event = match self.event.take() {
-            Some(event) => Some(event),
-            // It decoded at intake, so it decodes again.
-            None if self.decodable => crate::event::decode_for_delivery(&self.body).ok(),
-            None => None,
+    pub fn message(&self, topic: &Topic) -> pb::Delivery {
+        let event = if self.decodable {
+            crate::event::decode_for_delivery(&self.body).ok()
+        } else {
+            None
         };
         pb::Delivery {
             delivery_id: self.id.to_text(),

@@ -1,20 +1,41 @@
-//! A global allocator that counts heap allocations, for benchmarks: built only with the cargo
-//! feature `count-allocations` (a service binary then declares it `#[global_allocator]`), so
-//! normal builds pay nothing. Counts are process-wide; `realloc` counts as an allocation (it
-//! may move the block). Published as the Prometheus counter `process_heap_allocations_total`
-//! (and `process_heap_allocated_bytes_total`) by [`publish_every`].
+//! The services' global allocator: mimalloc (glibc malloc's free-list consolidation was a
+//! tenth of the dispatcher's CPU at full load). Each service binary declares
+//! `#[global_allocator] static ALLOCATOR: Allocator = ALLOCATOR;`.
+//!
+//! With the cargo feature `count-allocations` (benchmarks only) it is wrapped in
+//! [`CountingAllocator`], which counts heap allocations process-wide (`realloc` counts as one:
+//! it may move the block) and publishes them as the Prometheus counters
+//! `process_heap_allocations_total` and `process_heap_allocated_bytes_total`
+//! ([`publish_every`]). Normal builds pay nothing for counting.
 // `GlobalAlloc` is an unsafe trait; every method only adds to a counter and forwards to the
-// system allocator with the caller's own arguments.
+// inner allocator with the caller's own arguments.
 #![allow(unsafe_code)]
 
-use std::alloc::{GlobalAlloc, Layout, System};
+use std::alloc::{GlobalAlloc, Layout};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 static ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
 static ALLOCATED_BYTES: AtomicU64 = AtomicU64::new(0);
 
-/// The system allocator, counting.
+/// The allocator behind every service.
+type Inner = mimalloc::MiMalloc;
+const INNER: Inner = mimalloc::MiMalloc;
+
+/// The services' allocator.
+#[cfg(not(feature = "count-allocations"))]
+pub type Allocator = Inner;
+/// The services' allocator.
+#[cfg(not(feature = "count-allocations"))]
+pub const ALLOCATOR: Allocator = INNER;
+/// The services' allocator, counting.
+#[cfg(feature = "count-allocations")]
+pub type Allocator = CountingAllocator;
+/// The services' allocator, counting.
+#[cfg(feature = "count-allocations")]
+pub const ALLOCATOR: Allocator = CountingAllocator;
+
+/// The services' allocator, counting.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct CountingAllocator;
 
@@ -23,29 +44,30 @@ fn count(bytes: usize) {
     ALLOCATED_BYTES.fetch_add(bytes as u64, Ordering::Relaxed);
 }
 
-// SAFETY: forwards every call unchanged to `System`, which upholds the GlobalAlloc contract.
+// SAFETY: forwards every call unchanged to the inner allocator, which upholds the GlobalAlloc
+// contract.
 unsafe impl GlobalAlloc for CountingAllocator {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         count(layout.size());
         // SAFETY: the caller's contract for `alloc` is passed through unchanged.
-        unsafe { System.alloc(layout) }
+        unsafe { INNER.alloc(layout) }
     }
 
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
         count(layout.size());
         // SAFETY: as above.
-        unsafe { System.alloc_zeroed(layout) }
+        unsafe { INNER.alloc_zeroed(layout) }
     }
 
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         count(new_size);
         // SAFETY: as above.
-        unsafe { System.realloc(ptr, layout, new_size) }
+        unsafe { INNER.realloc(ptr, layout, new_size) }
     }
 
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
         // SAFETY: as above.
-        unsafe { System.dealloc(ptr, layout) }
+        unsafe { INNER.dealloc(ptr, layout) }
     }
 }
 
