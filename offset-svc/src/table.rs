@@ -20,6 +20,7 @@ use std::sync::{Mutex, MutexGuard};
 // is much cheaper than SipHash on these short keys.
 use foldhash::fast::RandomState;
 use hashbrown::HashTable;
+use hashbrown::hash_table::Entry;
 
 use eventmesh_common::keys::{OffsetClient, OffsetKey, Topic};
 
@@ -120,18 +121,30 @@ impl MaxTable {
             .map(|(_, v)| *v)
     }
 
-    /// Raises `key` to at least `value` inside a locked shard; returns the value now held.
-    fn raise_in(&self, shard: &mut HashTable<Slot>, hash: u64, key: &[u8], value: i64) -> i64 {
-        match shard.find_mut(hash, |(k, _)| k.as_bytes() == key) {
-            Some((_, current)) => {
-                *current = (*current).max(value);
-                *current
+    /// Raises `key` to at least `value` inside a locked shard, in one probe sequence (it
+    /// finds the key or the slot to create it in); returns the value held before
+    /// ([`ABSENT`] for a new key) and the value held now.
+    fn raise_in(
+        &self,
+        shard: &mut HashTable<Slot>,
+        hash: u64,
+        key: &[u8],
+        value: i64,
+    ) -> (i64, i64) {
+        match shard.entry(
+            hash,
+            |(k, _)| k.as_bytes() == key,
+            |(k, _)| self.hash(k.as_bytes()),
+        ) {
+            Entry::Occupied(mut slot) => {
+                let current = &mut slot.get_mut().1;
+                let before = *current;
+                *current = before.max(value);
+                (before, *current)
             }
-            None => {
-                shard.insert_unique(hash, (StoredKey::new(key), value), |(k, _)| {
-                    self.hash(k.as_bytes())
-                });
-                value
+            Entry::Vacant(slot) => {
+                slot.insert((StoredKey::new(key), value));
+                (ABSENT, value)
             }
         }
     }
@@ -145,7 +158,7 @@ impl MaxTable {
     pub(crate) fn raise(&self, key: &str, value: i64) -> i64 {
         let hash = self.hash(key.as_bytes());
         let mut shard = self.lock(Self::shard_of(hash));
-        self.raise_in(&mut shard, hash, key.as_bytes(), value)
+        self.raise_in(&mut shard, hash, key.as_bytes(), value).1
     }
 
     fn set(&self, key: &str, value: i64) {
@@ -200,14 +213,16 @@ impl MaxTable {
         (0..SHARDS).map(|index| self.lock(index).len()).sum()
     }
 
-    /// Runs a CAS-max batch: computes what raises which key, persists those raises with
-    /// `persist` (nothing is persisted when nothing rises), then publishes them.
+    /// Runs a CAS-max batch: persists each key's highest value of the batch with `persist`
+    /// (a merge under the max operator, so a value that does not raise the stored one
+    /// changes nothing), then publishes them, learning each key's previous value on the way.
     ///
     /// Hot path. The batch's keys are encoded into one buffer; each is hashed once, and that
     /// hash both finds repeats of a key within the batch (applied in batch order against a
-    /// running value) and places it in the table; each shard is locked once per phase. (An
-    /// earlier version sorted the batch by key to group repeats; the sort cost more than
-    /// RocksDB gained from ordered inserts.)
+    /// running value) and places it in the table; the table is probed once per key and each
+    /// shard locked once. (Earlier versions sorted the batch by key to group repeats — the sort
+    /// cost more than RocksDB gained from ordered inserts — and looked every key up before
+    /// writing too, to skip writes that raise nothing.)
     pub(crate) fn write_batch(
         &self,
         entries: &[(OffsetKey, i64)],
@@ -250,43 +265,42 @@ impl MaxTable {
             };
             slot_of_entry.push(slot);
         }
-        // Distinct keys by shard, so each shard is locked once per phase.
-        let mut by_shard: Vec<usize> = (0..distinct.len()).collect();
-        by_shard.sort_unstable_by_key(|&d| Self::shard_of(distinct[d].hash));
-        // Absent is below every value, so a first write of -1 (a group's start marker)
-        // creates the key.
-        self.each_by_shard(&mut distinct, &by_shard, |shard, d| {
-            d.before = Self::find(shard, d.hash, key_of(d.entry).as_bytes()).unwrap_or(ABSENT);
-            d.after = d.before;
-        });
-        // Entries in batch order against each key's running value.
-        let mut advanced = vec![false; entries.len()];
+        if distinct.is_empty() {
+            return Ok(Vec::new());
+        }
+        // Each key's highest value in the batch is persisted as a merge operand (RocksDB's max
+        // operator makes one that does not raise the stored value a no-op), so the index is
+        // looked up once per key, when publishing, not also before writing to plan.
         for (entry, (_, offset)) in entries.iter().enumerate() {
             let d = &mut distinct[slot_of_entry[entry]];
-            if *offset > d.after {
-                d.after = *offset;
-                advanced[entry] = true;
-            }
+            d.after = d.after.max(*offset);
         }
-        let raises: Vec<Change<'_>> = distinct
+        let changes: Vec<Change<'_>> = distinct
             .iter()
-            .filter(|d| d.after > d.before)
             .map(|d| Change::Max(key_of(d.entry), d.after))
             .collect();
-        if !raises.is_empty() {
-            persist(&raises)?;
-            // Publish the raises, and keep what is stored now (a concurrent batch may have gone
-            // higher). A key that did not rise already holds `before`, which is what is stored.
-            self.each_by_shard(&mut distinct, &by_shard, |shard, d| {
-                if d.after > d.before {
-                    d.after = self.raise_in(shard, d.hash, key_of(d.entry).as_bytes(), d.after);
+        persist(&changes)?;
+        // Distinct keys by shard, so each shard is locked once. Absent is below every value,
+        // so a first write of -1 (a group's start marker) creates the key. `after` becomes
+        // what is stored now (a concurrent batch may have gone higher).
+        let mut by_shard: Vec<usize> = (0..distinct.len()).collect();
+        by_shard.sort_unstable_by_key(|&d| Self::shard_of(distinct[d].hash));
+        self.each_by_shard(&mut distinct, &by_shard, |shard, d| {
+            (d.before, d.after) = self.raise_in(shard, d.hash, key_of(d.entry).as_bytes(), d.after);
+        });
+        // Entries in batch order against each key's running value from before the batch.
+        let mut running: Vec<i64> = distinct.iter().map(|d| d.before).collect();
+        Ok(entries
+            .iter()
+            .enumerate()
+            .map(|(entry, (_, offset))| {
+                let slot = slot_of_entry[entry];
+                let advanced = *offset > running[slot];
+                running[slot] = running[slot].max(*offset);
+                WriteOutcome {
+                    stored: distinct[slot].after.max(UNKNOWN_OFFSET),
+                    advanced,
                 }
-            });
-        }
-        Ok((0..entries.len())
-            .map(|entry| WriteOutcome {
-                stored: distinct[slot_of_entry[entry]].after.max(UNKNOWN_OFFSET),
-                advanced: advanced[entry],
             })
             .collect())
     }
@@ -445,11 +459,17 @@ mod tests {
         assert_eq!(table.len(), 300);
         assert_eq!(table.get(&keys[1].to_string()), Some(9));
         assert_eq!(table.get(&keys[299].to_string()), Some(5));
-        // Nothing rises: nothing is persisted.
+        // Nothing rises: the writes are persisted as no-op merges and nothing advances.
+        let mut persisted = 0;
         let again = table
-            .write_batch(&entries[..10], |_| panic!("persisted without a raise"))
+            .write_batch(&entries[..10], |changes| {
+                persisted += changes.len();
+                Ok(())
+            })
             .unwrap();
+        assert_eq!(persisted, 10);
         assert!(again.iter().all(|o| !o.advanced));
+        assert_eq!(again[1].stored, 9);
         // A failed persist publishes nothing.
         let higher: Vec<(OffsetKey, i64)> = keys.iter().map(|k| (k.clone(), 50)).collect();
         assert!(
