@@ -358,3 +358,126 @@ async fn batch_publish_answers_each_event_and_a_publisher_pipelines() {
         "{offsets:?}"
     );
 }
+
+/// The dispatcher takes a client batch up to its 17 MiB message limit and every event of it is
+/// stored and delivered (the puller's own limit leaves room for the runtime's stamps); a batch
+/// past the limit is refused whole with a status that says so, and nothing of it is stored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_at_the_message_limit_is_stored_and_one_past_it_is_refused_whole() {
+    use eventmesh_proto::client as pb;
+    use eventmesh_proto::client::event_mesh_service_client::EventMeshServiceClient;
+
+    let dir = tempfile::tempdir().unwrap();
+    let instance = instance(dir.path()).await;
+    let mut raw = EventMeshServiceClient::connect(instance.endpoint())
+        .await
+        .unwrap()
+        .max_encoding_message_size(64 << 20)
+        .max_decoding_message_size(64 << 20);
+    let topic = "at-the-limit";
+    let batch = |numbers: std::ops::Range<u64>| pb::PublishBatchRequest {
+        topic: topic.into(),
+        entries: numbers
+            .map(|n| pb::PublishEntry {
+                event: Some(Event {
+                    data: vec![b'x'; 4 << 20].into(),
+                    ..event(n)
+                }),
+                key: String::new(),
+            })
+            .collect(),
+    };
+    // Four events of 4 MiB: just under 17 MiB with the request's framing.
+    let at_limit = batch(0..4);
+    assert!(prost::Message::encoded_len(&at_limit) < 17 << 20);
+    let answer = raw.publish_batch(at_limit).await.unwrap().into_inner();
+    assert_eq!(answer.outcomes.len(), 4);
+    for outcome in &answer.outcomes {
+        assert!(
+            matches!(
+                outcome.outcome,
+                Some(pb::publish_outcome::Outcome::Stored(_))
+            ),
+            "{outcome:?}"
+        );
+    }
+    // Five: past the limit, refused before anything is read.
+    let status = raw.publish_batch(batch(10..15)).await.unwrap_err();
+    assert!(
+        matches!(
+            status.code(),
+            tonic::Code::OutOfRange | tonic::Code::ResourceExhausted
+        ),
+        "{status:?}"
+    );
+    assert!(status.message().contains("too large"), "{status:?}");
+
+    let client = Client::connect(ClientConfig::new("limits").endpoint(instance.endpoint()))
+        .await
+        .unwrap();
+    client.publish(topic, event(99)).await.unwrap();
+    let mut subscription = subscribe_earliest(&client, topic).await;
+    let mut seen = std::collections::HashSet::new();
+    consume_distinct(&mut subscription, &mut seen, 5, Duration::from_secs(60)).await;
+    let expected: std::collections::HashSet<String> =
+        [0, 1, 2, 3, 99].into_iter().map(event_id).collect();
+    assert_eq!(seen, expected, "the refused batch left nothing behind");
+}
+
+/// A Publisher holds at most `max_in_flight_batches × max_batch_bytes` of events: with the
+/// dispatcher frozen (SIGSTOP) `submit` waits once that much is held, so memory stays bounded
+/// whatever the server does; thawed, every accepted event is stored and delivered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_publisher_holds_a_bounded_number_of_bytes_while_the_server_is_frozen() {
+    let dir = tempfile::tempdir().unwrap();
+    let instance = instance(dir.path()).await;
+    let client = Client::connect(ClientConfig::new("bounded").endpoint(instance.endpoint()))
+        .await
+        .unwrap();
+    let topic = "bounded";
+    let publisher = Publisher::new(
+        client.clone(),
+        topic,
+        PublisherOptions {
+            max_batch_events: 512,
+            max_batch_bytes: 64 << 10,
+            max_in_flight_batches: 2,
+        },
+    );
+    publisher.publish("", event(0)).await.unwrap();
+    instance.signal(Service::Dispatcher, "STOP").unwrap();
+    let mut pending = Vec::new();
+    let mut blocked = false;
+    for n in 1..=40 {
+        let heavy = Event {
+            data: vec![b'y'; 16 << 10].into(),
+            ..event(n)
+        };
+        match tokio::time::timeout(Duration::from_millis(300), publisher.submit("", heavy)).await {
+            Ok(submitted) => pending.push((n, submitted.unwrap())),
+            Err(_) => {
+                blocked = true;
+                break;
+            }
+        }
+    }
+    instance.signal(Service::Dispatcher, "CONT").unwrap();
+    // 2 × 64 KiB of room, events of a little over 16 KiB: at most 7 are held.
+    assert!(blocked, "submit kept accepting while nothing was answered");
+    assert!((1..=7).contains(&pending.len()), "{} held", pending.len());
+    let mut wanted = std::collections::HashSet::from([event_id(0)]);
+    for (n, answer) in pending {
+        answer.wait().await.unwrap();
+        wanted.insert(event_id(n));
+    }
+    let mut subscription = subscribe_earliest(&client, topic).await;
+    let mut seen = std::collections::HashSet::new();
+    consume_distinct(
+        &mut subscription,
+        &mut seen,
+        wanted.len(),
+        Duration::from_secs(60),
+    )
+    .await;
+    assert_eq!(seen, wanted);
+}
