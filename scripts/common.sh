@@ -35,6 +35,34 @@ ensure_build_deps() {
   ensure_apt build-essential pkg-config clang libclang-dev protobuf-compiler libprotobuf-dev
 }
 
+# Keeps the persistent target directory from growing without bound: every commit leaves new
+# builds of the workspace's own targets (test binaries of hundreds of MB) and incremental
+# caches beside the old ones (a fresh clone rebuilds them anyway). Removes those not modified
+# for EM_PRUNE_MINUTES (default 120); the compiled dependencies — the expensive part — are
+# never touched.
+prune_target() {
+  local minutes="${EM_PRUNE_MINUTES:-120}" profile dir name
+  # The workspace's own target names: crates (lib, bins) and every test, bench and example.
+  local names=(dispatcher_svc puller_svc offset_svc emctl jetstream_bench eventmesh_client
+    eventmesh_common eventmesh_proto eventmesh_testkit eventmesh_peer_bench)
+  for name in "$REPO_ROOT"/*/tests/*.rs "$REPO_ROOT"/*/benches/*.rs "$REPO_ROOT"/*/examples/*.rs; do
+    [ -e "$name" ] && names+=("$(basename "$name" .rs | tr '-' '_')")
+  done
+  for profile in debug release; do
+    dir="$CARGO_TARGET_DIR/$profile"
+    [ -d "$dir" ] || continue
+    [ -d "$dir/incremental" ] &&
+      find "$dir/incremental" -mindepth 1 -maxdepth 1 -mmin "+$minutes" -exec rm -rf {} +
+    for name in "${names[@]}"; do
+      for sub in deps examples; do
+        [ -d "$dir/$sub" ] || continue
+        find "$dir/$sub" -maxdepth 1 -type f -mmin "+$minutes" \
+          \( -name "$name-*" -o -name "lib$name-*" \) -delete
+      done
+    done
+  done
+}
+
 # buf (protobuf linter) from the npm registry, into the tool cache.
 ensure_buf() {
   local bin="$EM_TOOLS/node/node_modules/.bin/buf"
