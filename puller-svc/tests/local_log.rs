@@ -537,3 +537,45 @@ fn topic_names_that_cannot_be_file_names_are_refused() {
             .unwrap()
     );
 }
+
+/// Reads take each segment's share in one read: across segment boundaries every record comes
+/// back whole and in order, the byte budget stops a read after the record that reaches it
+/// (always at least one), and a record damaged after the log was opened is reported, not
+/// returned.
+#[test]
+fn reads_span_segments_keep_the_byte_budget_and_report_damage() {
+    let dir = tempfile::tempdir().unwrap();
+    let small = LogSettings {
+        segment_bytes: 200,
+        ..settings()
+    };
+    let log = filled(dir.path(), small, 50);
+    assert!(log.segment_paths().len() > 5);
+    let all = log.read(3, 1_000, usize::MAX).unwrap();
+    assert_eq!(all.len(), 47);
+    for (n, record) in all.iter().enumerate() {
+        let i = 3 + n as i64;
+        assert_eq!((record.offset, record.timestamp_ms), (i, i));
+        assert_eq!(&record.key[..], b"k");
+        assert_eq!(&record.body[..], &body(i)[..]);
+    }
+    assert_eq!(
+        log.read(10, 1_000, 1).unwrap().len(),
+        1,
+        "at least one record"
+    );
+    assert_eq!(log.read(10, 4, usize::MAX).unwrap().len(), 4, "max_records");
+    // A budget of ~3 bodies: stops after the record that reaches it, never before the first.
+    let budget = 3 * body(20).len();
+    let some = log.read(20, 1_000, budget).unwrap();
+    assert!((1..=4).contains(&some.len()), "{}", some.len());
+
+    let second = log.segment_paths()[1].clone();
+    let mut bytes = std::fs::read(&second).unwrap();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 0xFF;
+    std::fs::write(&second, &bytes).unwrap();
+    let err = log.read(0, 1_000, usize::MAX).unwrap_err();
+    assert!(matches!(err, LogError::Corrupt { .. }), "{err}");
+    assert!(err.to_string().contains("CRC mismatch"), "{err}");
+}

@@ -208,8 +208,12 @@ fn error_reason(error: &LogError) -> (io::ErrorKind, String) {
     }
 }
 
-/// Decodes the record at the start of `buf` (whose stored length is `buf.len() - 8`).
-fn decode(buf: &[u8]) -> Result<Record, String> {
+/// Decodes the record that is all of `buf` (its stored length is `buf.len() - 8`); key and
+/// body share `buf`'s memory.
+fn decode(buf: &Bytes) -> Result<Record, String> {
+    if buf.len() < HEAD + 4 {
+        return Err("record shorter than its header".into());
+    }
     let stored_crc = u32::from_be_bytes([buf[4], buf[5], buf[6], buf[7]]);
     if crc32c::crc32c(&buf[8..]) != stored_crc {
         return Err("CRC mismatch".into());
@@ -234,8 +238,8 @@ fn decode(buf: &[u8]) -> Result<Record, String> {
     Ok(Record {
         offset,
         timestamp_ms,
-        key: Bytes::copy_from_slice(&buf[HEAD..key_end]),
-        body: Bytes::copy_from_slice(&buf[key_end + 4..]),
+        key: buf.slice(HEAD..key_end),
+        body: buf.slice(key_end + 4..),
     })
 }
 
@@ -260,8 +264,42 @@ fn read_record(file: &File, position: u64, file_len: u64) -> Result<Option<(Reco
     let mut buf = vec![0u8; 8 + len as usize];
     file.read_exact_at(&mut buf, position)
         .map_err(|e| e.to_string())?;
-    let record = decode(&buf)?;
+    let record = decode(&Bytes::from(buf))?;
     Ok(Some((record, position + 8 + len)))
+}
+
+/// Reads the `count` indexed records from `positions[0]` on (the last ends at `end`) with one
+/// read into one buffer; each record's key and body are slices of it.
+fn read_span(
+    file: &File,
+    positions: &[u64],
+    end: u64,
+    out: &mut Vec<Record>,
+) -> Result<(), String> {
+    let Some(&start) = positions.first() else {
+        return Ok(());
+    };
+    let len = usize::try_from(end.saturating_sub(start)).map_err(|e| e.to_string())?;
+    let mut buf = vec![0u8; len];
+    file.read_exact_at(&mut buf, start)
+        .map_err(|e| e.to_string())?;
+    let buf = Bytes::from(buf);
+    for (i, &position) in positions.iter().enumerate() {
+        let next = positions.get(i + 1).copied().unwrap_or(end);
+        let (from, to) = ((position - start) as usize, (next - start) as usize);
+        if to <= from || to > buf.len() || to - from < 8 {
+            return Err(format!("index position {position} does not bound a record"));
+        }
+        let stored = u32::from_be_bytes([buf[from], buf[from + 1], buf[from + 2], buf[from + 3]]);
+        if stored as usize != to - from - 8 {
+            return Err(format!(
+                "record at {position} is {stored} bytes, the index says {}",
+                to - from - 8
+            ));
+        }
+        out.push(decode(&buf.slice(from..to))?);
+    }
+    Ok(())
 }
 
 impl PartitionLog {
@@ -576,31 +614,48 @@ impl PartitionLog {
                 start,
             });
         }
+        // Records of a segment are contiguous: each segment's share is one read into one
+        // buffer, sized from the index (whole records count against `max_bytes`, so a read
+        // stops a little sooner than counting bodies alone would).
         let mut out = Vec::new();
         let mut bytes = 0usize;
         let first = self.segments.partition_point(|s| s.next_offset() <= from);
         let mut offset = from;
         for segment in &self.segments[first..] {
-            while offset < segment.next_offset() {
-                if out.len() >= max_records || (bytes >= max_bytes && !out.is_empty()) {
-                    return Ok(out);
-                }
-                let position = segment.positions[(offset - segment.base) as usize];
-                let (record, _) = read_record(&segment.file, position, segment.size)
-                    .map_err(|why| LogError::Corrupt {
-                        path: segment.path.clone(),
-                        position,
-                        why,
-                    })?
-                    .ok_or_else(|| LogError::Corrupt {
-                        path: segment.path.clone(),
-                        position,
-                        why: "indexed record missing".into(),
-                    })?;
-                bytes += record.body.len();
-                out.push(record);
-                offset += 1;
+            if out.len() >= max_records || (bytes >= max_bytes && !out.is_empty()) {
+                break;
             }
+            let index = (offset - segment.base) as usize;
+            let end_of = |i: usize| segment.positions.get(i).copied().unwrap_or(segment.size);
+            let start = end_of(index);
+            let mut count = 0;
+            while index + count < segment.positions.len()
+                && out.len() + count < max_records
+                && (bytes + (end_of(index + count) - start) as usize) < max_bytes
+            {
+                count += 1;
+            }
+            // At least one record per call.
+            if count == 0 && out.is_empty() && index < segment.positions.len() {
+                count = 1;
+            }
+            if count == 0 {
+                break;
+            }
+            let end = end_of(index + count);
+            read_span(
+                &segment.file,
+                &segment.positions[index..index + count],
+                end,
+                &mut out,
+            )
+            .map_err(|why| LogError::Corrupt {
+                path: segment.path.clone(),
+                position: start,
+                why,
+            })?;
+            bytes += (end - start) as usize;
+            offset += count as i64;
         }
         Ok(out)
     }
