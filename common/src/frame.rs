@@ -126,10 +126,7 @@ impl Frame {
 
     /// Names of the attributes stored as base64 bytes.
     pub fn binary_names(&self) -> impl Iterator<Item = &str> {
-        self.attribute(ATTR_BINARY)
-            .into_iter()
-            .flat_map(|listed| listed.split(BINARY_SEPARATOR))
-            .filter(|name| !name.is_empty())
+        listed_binary_names(self.attribute(ATTR_BINARY))
     }
 
     /// The bytes of an attribute listed in [`ATTR_BINARY`]; `None` when it is not one (or is
@@ -139,14 +136,19 @@ impl Frame {
     }
 }
 
+/// The names an [`ATTR_BINARY`] value lists.
+fn listed_binary_names(listed: Option<&str>) -> impl Iterator<Item = &str> {
+    listed
+        .into_iter()
+        .flat_map(|listed| listed.split(BINARY_SEPARATOR))
+        .filter(|name| !name.is_empty())
+}
+
 /// The bytes of attribute `name` with value `value`, when `listed` (the [`ATTR_BINARY`] value)
 /// names it and the value is base64.
 fn binary_value(listed: Option<&str>, name: &str, value: Option<&str>) -> Option<Vec<u8>> {
     use base64::Engine as _;
-    let listed = listed?
-        .split(BINARY_SEPARATOR)
-        .any(|listed| !listed.is_empty() && listed == name);
-    if !listed {
+    if !listed_binary_names(listed).any(|listed| listed == name) {
         return None;
     }
     base64::engine::general_purpose::STANDARD

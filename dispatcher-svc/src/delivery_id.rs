@@ -33,6 +33,15 @@ impl DeliveryId {
         };
         parts.next().is_none().then_some(id)
     }
+
+    /// The id as text, in one allocation (formatting into an empty `String` grows it several
+    /// times; every delivery makes one).
+    pub fn to_text(&self) -> String {
+        use std::fmt::Write as _;
+        let mut text = String::with_capacity(3 * 16 + 2);
+        let _ = write!(text, "{self}");
+        text
+    }
 }
 
 /// A lowercase hexadecimal number without sign or leading zeros.
@@ -45,17 +54,6 @@ fn canonical_hex(part: &str) -> Option<u64> {
         return None;
     }
     u64::from_str_radix(part, 16).ok()
-}
-
-impl DeliveryId {
-    /// The id as text, in one allocation (formatting into an empty `String` grows it several
-    /// times; every delivery makes one).
-    pub fn to_text(&self) -> String {
-        use std::fmt::Write as _;
-        let mut text = String::with_capacity(3 * 16 + 2);
-        let _ = write!(text, "{self}");
-        text
-    }
 }
 
 impl fmt::Display for DeliveryId {

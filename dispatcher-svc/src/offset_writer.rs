@@ -36,14 +36,12 @@ pub enum WriteNotice {
 }
 
 /// Receives the notices of a job.
-pub type Listener = Arc<dyn Fn(u64, WriteNotice) + Send + Sync>;
+pub type Listener = Arc<dyn Fn(WriteNotice) + Send + Sync>;
 
 /// Values that must become durable together, and who to tell.
 pub struct WriteJob {
     /// Keys and the values they must reach (CAS-max: lower stored values are raised).
     pub entries: Vec<(OffsetKey, i64)>,
-    /// The caller's id for this job, passed back in notices.
-    pub token: u64,
     /// Who is told.
     pub listener: Listener,
 }
@@ -101,8 +99,7 @@ impl OffsetWriter {
         let tx = std::sync::Mutex::new(Some(tx));
         self.submit(WriteJob {
             entries: Vec::new(),
-            token: 0,
-            listener: Arc::new(move |_, notice| {
+            listener: Arc::new(move |notice| {
                 if notice == WriteNotice::Durable
                     && let Some(tx) = tx.lock().unwrap_or_else(|p| p.into_inner()).take()
                 {
@@ -152,7 +149,7 @@ async fn run(
                     .record(started.elapsed().as_secs_f64());
                 metrics::histogram!("dispatcher_offset_write_entries").record(entries as f64);
                 for queued in queue.drain(..) {
-                    (queued.job.listener)(queued.job.token, WriteNotice::Durable);
+                    (queued.job.listener)(WriteNotice::Durable);
                 }
                 backoff.reset();
                 health.send_if_modified(|h| !std::mem::replace(h, true));
@@ -165,7 +162,7 @@ async fn run(
                 tracing::warn!(code = ?status.code(), message = status.message(), jobs = queue.len(), "offset write failed; ACKs are pending and will be retried");
                 for queued in queue.iter_mut().filter(|q| !q.told_pending) {
                     queued.told_pending = true;
-                    (queued.job.listener)(queued.job.token, WriteNotice::Pending);
+                    (queued.job.listener)(WriteNotice::Pending);
                 }
                 tokio::select! {
                     () = tokio::time::sleep(backoff.next_delay()) => {}

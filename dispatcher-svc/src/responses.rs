@@ -65,22 +65,31 @@ impl Responses {
     }
 }
 
-/// Stamps a delivery's deadline, tells its group it was written, and counts its bytes.
-fn take_delivery(
-    written: (u64, Duration, &Meter),
-    mut message: pb::Delivery,
-    seq: u64,
-    group: &mpsc::UnboundedSender<GroupCmd>,
-) -> pb::Delivery {
-    let (session, ack_timeout, meter) = written;
-    stamp_deadline(&mut message, ack_timeout);
-    meter.delivered(message.event.as_ref().map_or(0, |e| e.data.len()));
-    let _ = group.send(GroupCmd::Written {
-        seq,
-        session,
-        at: Instant::now(),
-    });
-    message
+/// What taking a delivery into a message needs, borrowed apart from the session's channel.
+struct Taker<'a> {
+    session: u64,
+    ack_timeout: Duration,
+    meter: &'a Meter,
+}
+
+impl Taker<'_> {
+    /// Stamps a delivery's deadline, tells its group it was written, and counts its bytes.
+    fn take(
+        &self,
+        mut message: pb::Delivery,
+        seq: u64,
+        group: &mpsc::UnboundedSender<GroupCmd>,
+    ) -> pb::Delivery {
+        stamp_deadline(&mut message, self.ack_timeout);
+        self.meter
+            .delivered(message.event.as_ref().map_or(0, |e| e.data.len()));
+        let _ = group.send(GroupCmd::Written {
+            seq,
+            session: self.session,
+            at: Instant::now(),
+        });
+        message
+    }
 }
 
 /// An item's encoded size: data, key, attributes and all (a client's message limit counts
@@ -111,15 +120,30 @@ impl Stream for Responses {
                 Poll::Pending => return Poll::Pending,
             },
         };
-        if let Outbound::End(status) = first {
-            return Poll::Ready(Some(Err(status)));
+        let taker = Taker {
+            session: this.session,
+            ack_timeout: this.ack_timeout,
+            meter: &this.meter,
+        };
+        let queued = this.items.len().min(MAX_BATCH_ITEMS - 1);
+        if queued == 0 || matches!(first, Outbound::End(_)) {
+            // A lone item keeps its single form (and needs no batch); an end ends the stream.
+            let kind = match first {
+                Outbound::Delivery {
+                    message,
+                    seq,
+                    group,
+                } => subscribe_response::Kind::Delivery(taker.take(message, seq, &group)),
+                Outbound::Result(result) => subscribe_response::Kind::AckResult(result),
+                Outbound::End(status) => return Poll::Ready(Some(Err(status))),
+            };
+            return Poll::Ready(Some(Ok(SubscribeResponse { kind: Some(kind) })));
         }
         let mut bytes = encoded_len(&first);
         // Sized once from what is queued now (a batch that grew item by item reallocated
         // several times per message).
-        let capacity = this.items.len().min(MAX_BATCH_ITEMS - 1) + 1;
+        let capacity = queued + 1;
         let mut batch = pb::ResponseBatch::default();
-        let written = (this.session, this.ack_timeout, &*this.meter);
         let add = |batch: &mut pb::ResponseBatch, item| match item {
             Outbound::Delivery {
                 message,
@@ -129,9 +153,7 @@ impl Stream for Responses {
                 if batch.deliveries.capacity() == 0 {
                     batch.deliveries.reserve_exact(capacity);
                 }
-                batch
-                    .deliveries
-                    .push(take_delivery(written, message, seq, &group));
+                batch.deliveries.push(taker.take(message, seq, &group));
             }
             Outbound::Result(result) => {
                 if batch.ack_results.capacity() == 0 {

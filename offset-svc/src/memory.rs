@@ -14,10 +14,6 @@ impl Persistence for Volatile {
         Ok(())
     }
 
-    fn sync_held(&self) -> Result<(), Error> {
-        Ok(())
-    }
-
     fn flush(&self) -> Result<(), Error> {
         Ok(())
     }

@@ -164,10 +164,6 @@ impl Persistence for RocksDb {
         self.db.write_opt(batch, &options).map_err(Error::Write)
     }
 
-    fn sync_held(&self) -> Result<(), Error> {
-        self.db.flush_wal(true).map_err(Error::Write)
-    }
-
     fn flush(&self) -> Result<(), Error> {
         if self.mode == OpenMode::ReadOnly {
             // Nothing of ours to flush; RocksDB refuses the call on a read-only handle.

@@ -135,11 +135,9 @@ pub enum Change<'a> {
 
 /// Where a [`TableStore`] makes its changes durable.
 pub trait Persistence: Send + Sync + 'static {
-    /// Applies `changes` atomically; `sync` also fsyncs. On `Err` nothing was applied.
+    /// Applies `changes` atomically; `sync` also fsyncs (the write-ahead log, so everything
+    /// persisted before is on stable storage too). On `Err` nothing was applied.
     fn persist(&self, changes: &[Change<'_>], sync: bool) -> Result<(), Error>;
-    /// Makes every value already persisted survive an OS crash (a `sync` batch that had
-    /// nothing new to write still answers with values that must be on stable storage).
-    fn sync_held(&self) -> Result<(), Error>;
     /// Flushes everything to stable storage (shutdown).
     fn flush(&self) -> Result<(), Error>;
 }
@@ -186,18 +184,12 @@ impl<P: Persistence> OffsetStore for TableStore<P> {
         entries: &[(OffsetKey, i64)],
         sync: bool,
     ) -> Result<Vec<WriteOutcome>, Error> {
-        let mut wrote = false;
         let _shared = self.operators.read().unwrap_or_else(|p| p.into_inner());
-        let outcomes = self.table.write_batch(entries, |changes| {
-            wrote = true;
-            self.persistence.persist(changes, sync)
-        })?;
-        if sync && !wrote && !entries.is_empty() {
-            // Every value was already held, possibly written by a concurrent batch without
-            // sync: make sure what we answer with is on stable storage.
-            self.persistence.sync_held()?;
-        }
-        Ok(outcomes)
+        // Every key of a non-empty batch is persisted (a value that raises nothing is a no-op
+        // merge), so a `sync` batch also makes durable what a concurrent batch without `sync`
+        // wrote before it.
+        self.table
+            .write_batch(entries, |changes| self.persistence.persist(changes, sync))
     }
 
     fn read_offset(&self, key: &OffsetKey) -> Result<i64, Error> {
@@ -296,9 +288,6 @@ mod tests {
             if slow {
                 std::thread::sleep(Duration::from_millis(100));
             }
-            Ok(())
-        }
-        fn sync_held(&self) -> Result<(), Error> {
             Ok(())
         }
         fn flush(&self) -> Result<(), Error> {

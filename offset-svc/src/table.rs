@@ -164,12 +164,14 @@ impl MaxTable {
     fn set(&self, key: &str, value: i64) {
         let hash = self.hash(key.as_bytes());
         let mut shard = self.lock(Self::shard_of(hash));
-        match shard.find_mut(hash, |(k, _)| k.as_bytes() == key.as_bytes()) {
-            Some((_, current)) => *current = value,
-            None => {
-                shard.insert_unique(hash, (StoredKey::new(key.as_bytes()), value), |(k, _)| {
-                    self.hash(k.as_bytes())
-                });
+        match shard.entry(
+            hash,
+            |(k, _)| k.as_bytes() == key.as_bytes(),
+            |(k, _)| self.hash(k.as_bytes()),
+        ) {
+            Entry::Occupied(mut slot) => slot.get_mut().1 = value,
+            Entry::Vacant(slot) => {
+                slot.insert((StoredKey::new(key.as_bytes()), value));
             }
         }
     }

@@ -357,6 +357,14 @@ impl PullerGrpc {
         Ok(generation)
     }
 
+    /// Whether an empty poll that took `took` already waited for records inside the backend
+    /// (Kafka's consumer answers as soon as a fetch brings one), so the look-again timer would
+    /// only delay the next record. An answer that came back sooner — e.g. with no partition to
+    /// read — still takes the timer: polls must not spin.
+    fn waited_in_backend(&self, took: Duration) -> bool {
+        self.storage.waits_in_poll() && took >= IDLE_POLL
+    }
+
     fn limits(&self, max_records: u32, max_bytes: u32) -> PollLimits {
         PollLimits {
             max_records: match max_records {
@@ -548,9 +556,7 @@ impl PullerService for PullerGrpc {
                 Some(appends) => {
                     let _ = tokio::time::timeout_at(until, appends.changed()).await;
                 }
-                // The empty poll already waited for records inside the backend (an answer
-                // that came back sooner, e.g. with no partition to read, still takes the timer).
-                None if self.storage.waits_in_poll() && polled_at.elapsed() >= IDLE_POLL => {}
+                None if self.waited_in_backend(polled_at.elapsed()) => {}
                 None => tokio::time::sleep_until(until).await,
             }
         }
@@ -570,9 +576,12 @@ impl PullerService for PullerGrpc {
         tokio::spawn(async move {
             let mut credits: BTreeMap<ReaderKey, StreamReader> = BTreeMap::new();
             let mut idle = false;
+            // How long the last round of polls took (an empty round that waited inside the
+            // backend needs no look-again timer).
+            let mut round_took = Duration::ZERO;
             loop {
                 let has_credit = credits.values().any(|r| r.credit > 0);
-                let pause = if idle && !service.storage.waits_in_poll() {
+                let pause = if idle && !service.waited_in_backend(round_took) {
                     IDLE_POLL
                 } else {
                     Duration::ZERO
@@ -591,6 +600,7 @@ impl PullerService for PullerGrpc {
                     }
                     () = tokio::time::sleep(pause), if has_credit => {
                         idle = true;
+                        let round_started = tokio::time::Instant::now();
                         for (reader, open) in credits.iter_mut().filter(|(_, r)| r.credit > 0) {
                             let limits = PollLimits {
                                 max_records: (open.credit as usize).min(service.limits.max_records),
@@ -616,6 +626,7 @@ impl PullerService for PullerGrpc {
                                 return;
                             }
                         }
+                        round_took = round_started.elapsed();
                     }
                 }
             }

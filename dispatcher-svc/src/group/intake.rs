@@ -58,7 +58,7 @@ impl Group {
     pub(super) fn pulled(&mut self, batch: PullResponse, charge: Charge) {
         if self.closing {
             tracing::debug!(group = %self.key, records = batch.records.len(), "a closing group takes no batch; its records stay unsettled");
-            self.budget.release(self.group_label(), charge);
+            self.budget.release(&self.label, charge);
             return;
         }
         for range in &batch.ranges {
@@ -134,7 +134,7 @@ impl Group {
         }
         // Budget reserved but not filled (duplicates, short batches) goes back at once.
         if unused != Charge::default() {
-            self.budget.release(self.group_label(), unused);
+            self.budget.release(&self.label, unused);
         }
         self.pump();
     }
@@ -146,7 +146,7 @@ impl Group {
         metrics::counter!(
             "dispatcher_retention_lost_offsets_total",
             "topic" => self.key.topic.to_string(),
-            "group" => eventmesh_common::metrics::group_label(self.group_label())
+            "group" => eventmesh_common::metrics::group_label(&self.label)
         )
         .increment(lost.unsigned_abs());
         self.partition(partition, first)

@@ -214,7 +214,7 @@ pub struct GroupInit {
 
 /// The actor. Built by [`spawn`].
 pub(crate) struct Group {
-    /// `key.label()`, kept.
+    /// `key.label()`, computed once: the budget is told it on every retired delivery.
     label: String,
     /// The buffer `settle` collects a delivery's offset values in (kept for its capacity).
     settle_scratch: Vec<(OffsetKey, i64)>,
@@ -339,9 +339,10 @@ fn now_unix_ms() -> i64 {
         .map_or(0, |d| d.as_millis() as i64)
 }
 
-fn result(raw_id: &str, outcome: AckOutcome, detail: &str) -> Outbound {
+/// An answer to a client about the delivery it named `delivery_id`.
+fn result(delivery_id: String, outcome: AckOutcome, detail: &str) -> Outbound {
     Outbound::Result(pb::AckResult {
-        delivery_id: raw_id.to_owned(),
+        delivery_id,
         outcome: outcome as i32,
         detail: detail.to_owned(),
     })
@@ -400,11 +401,11 @@ impl Group {
         commands.close();
         while let Ok(command) = commands.try_recv() {
             if let GroupCmd::Pulled { charge, .. } = command {
-                self.budget.release(self.group_label(), charge);
+                self.budget.release(&self.label, charge);
             }
         }
         self.release_all();
-        self.budget.leave(self.group_label());
+        self.budget.leave(&self.label);
         self.shared.group_ended(&self.key, self.number);
         let _ = self.ended.send(true);
         tracing::info!(group = %self.key, "subscription group ended");
@@ -423,11 +424,6 @@ impl Group {
 
     fn grace(&self) -> Duration {
         Duration::from_millis(self.shared.settings.group_grace_ms)
-    }
-
-    /// The group's label (computed once: the budget is told on every retired delivery).
-    fn group_label(&self) -> &str {
-        &self.label
     }
 
     fn handle(&mut self, command: GroupCmd) {
@@ -486,7 +482,7 @@ impl Group {
         reply_to: mpsc::UnboundedSender<Outbound>,
     ) {
         let reply = |outcome, detail: &str| {
-            let _ = reply_to.send(result(&raw_id, outcome, detail));
+            let _ = reply_to.send(result(raw_id.clone(), outcome, detail));
         };
         // One client may not hold a delivery away from its group for long: NACK delays and
         // extensions are capped, and the answer says so.
@@ -676,8 +672,7 @@ impl Group {
         let key = self.key.clone();
         self.shared.writer.submit(WriteJob {
             entries,
-            token: 0,
-            listener: Arc::new(move |_, notice| {
+            listener: Arc::new(move |notice| {
                 // Durable progress is what the mirror carries to a group's next home; told
                 // here, in the writer, so a group's last flush is mirrored after it ended.
                 if let (Some(cluster), WriteNotice::Durable) = (&mirror, notice) {
@@ -732,7 +727,7 @@ impl Group {
                     };
                     for (waiter, raw_id) in &delivery.waiters {
                         let _ = waiter.send(result(
-                            raw_id,
+                            raw_id.clone(),
                             AckOutcome::Pending,
                             "ACK accepted; the offset store is unavailable and the write is being retried",
                         ));
@@ -801,7 +796,7 @@ impl Group {
     /// Forgets a delivery without answering or forwarding anything; returns its budget.
     fn drop_unanswered(&mut self, seq: u64) {
         if let Some(delivery) = self.deliveries.remove(&seq) {
-            self.budget.release(self.group_label(), delivery.charge);
+            self.budget.release(&self.label, delivery.charge);
         }
     }
 
@@ -812,11 +807,7 @@ impl Group {
         self.budget.release(&self.label, delivery.charge);
         // Each waiter's answer takes the id it kept.
         for (waiter, delivery_id) in delivery.waiters {
-            let _ = waiter.send(Outbound::Result(pb::AckResult {
-                delivery_id,
-                outcome: AckOutcome::Durable as i32,
-                detail: String::new(),
-            }));
+            let _ = waiter.send(result(delivery_id, AckOutcome::Durable, ""));
         }
         if !delivery.ack_key.is_empty() {
             self.shared

@@ -149,7 +149,7 @@ impl Delivery {
     /// Its dead-letter envelope.
     pub fn dead_letter(&self, group: &GroupKey, reason: String) -> DeadLetter {
         // An undecodable event was never delivered.
-        let attempts = if !self.decodable { 0 } else { self.attempt };
+        let attempts = if self.decodable { self.attempt } else { 0 };
         DeadLetter {
             reason,
             attempts,

@@ -308,8 +308,8 @@ async fn bench_one(
     } else {
         None
     };
-    let cpu_before = cpu_seconds(instance);
     let allocations_before = dispatcher_allocations(instance).await;
+    let cpu_before = cpu_seconds(instance);
     let started = Instant::now();
     let latencies = consume(
         client,
@@ -322,7 +322,10 @@ async fn bench_one(
     .await?;
     let elapsed = started.elapsed().as_secs_f64();
     let cpu_after = cpu_seconds(instance);
-    let allocations_after = dispatcher_allocations(instance).await;
+    let allocations_after = match allocations_before {
+        Some(_) => dispatcher_allocations(instance).await,
+        None => None,
+    };
     let dispatcher_allocs_per_event = allocations_before
         .zip(allocations_after)
         .map(|(before, after)| after.saturating_sub(before) as f64 / events as f64);
@@ -642,18 +645,22 @@ fn free_loopback_addr() -> anyhow::Result<std::net::SocketAddr> {
     Ok(listener.local_addr()?)
 }
 
-/// The dispatcher's `process_heap_allocations_total`, when its build counts allocations;
-/// the counter is refreshed every 200 ms, so it is read after that long.
+/// The dispatcher's `process_heap_allocations_total`, when its build counts allocations
+/// (`None` at once otherwise). The counter is refreshed every 200 ms, so it is read again
+/// after that long: the value then covers everything done before the call.
 async fn dispatcher_allocations(instance: &LocalInstance) -> Option<u64> {
+    let addr = instance.metrics_addr(Service::Dispatcher);
+    let read = async || {
+        let metrics = scrape(addr).await.ok()?;
+        metrics.lines().find_map(|line| {
+            line.strip_prefix("process_heap_allocations_total ")
+                .and_then(|value| value.trim().parse::<f64>().ok())
+                .map(|value| value as u64)
+        })
+    };
+    read().await?;
     tokio::time::sleep(Duration::from_millis(250)).await;
-    let metrics = scrape(instance.metrics_addr(Service::Dispatcher))
-        .await
-        .ok()?;
-    metrics.lines().find_map(|line| {
-        line.strip_prefix("process_heap_allocations_total ")
-            .and_then(|value| value.trim().parse::<f64>().ok())
-            .map(|value| value as u64)
-    })
+    read().await
 }
 
 /// `GET /metrics` over a plain HTTP/1.0 connection.
