@@ -245,6 +245,25 @@ async fn drive(args: &DemoArgs, instance: &mut LocalInstance) -> anyhow::Result<
         }
         receive(&mut subscription, &mut seen, &acked_bar).await?;
     };
+    // Lag 0 says the offsets are durable; the DURABLE answers of the last ACKs may still be on
+    // their way here. Count them once every ACK is answered, or once answers have stopped
+    // arriving for a moment (ACKs sent to a killed dispatcher are never answered).
+    let answered =
+        |stats: &eventmesh_client::SubscriptionStats| stats.durable + stats.pending + stats.no_op;
+    let mut last = answered(&subscription.stats());
+    let mut quiet_since = Instant::now();
+    while lag == 0 && Instant::now() < deadline && quiet_since.elapsed() < ANSWERS_SETTLE {
+        let stats = subscription.stats();
+        if answered(&stats) >= stats.acks_sent {
+            break;
+        }
+        receive(&mut subscription, &mut seen, &acked_bar).await?;
+        let now = answered(&subscription.stats());
+        if now != last {
+            last = now;
+            quiet_since = Instant::now();
+        }
+    }
     let stats = subscription.stats();
     subscription.close().await;
     let lost = (0..published_ok)
@@ -265,6 +284,9 @@ async fn drive(args: &DemoArgs, instance: &mut LocalInstance) -> anyhow::Result<
         seconds: started.elapsed().as_secs_f64(),
     })
 }
+
+/// How long no ACK answer may arrive before the demo stops waiting for the last ones.
+const ANSWERS_SETTLE: Duration = Duration::from_millis(500);
 
 /// Takes one delivery (waiting at most 200 ms), counts it by event id and ACKs it.
 async fn receive(
