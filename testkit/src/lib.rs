@@ -4,6 +4,8 @@
 //!   by `scripts/kafka.sh`, or the one named by `KAFKA_BOOTSTRAP`.
 //! * [`Etcd`] — a real etcd (Debian's etcd-server) on loopback, started, stopped and restarted
 //!   on the same data directory by `scripts/etcd.sh`, or the one named by `ETCD_ENDPOINTS`.
+//! * [`RocketMq`] — a real RocketMQ name server and broker (rocketmq-rust 1.0.0) on loopback,
+//!   started and stopped by `scripts/rocketmq.sh`, or the one named by `ROCKETMQ_NAMESRV`.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -80,6 +82,123 @@ impl Drop for KafkaBroker {
         if let Some(dir) = &self.started_in {
             let _ = Command::new("bash")
                 .arg(script("kafka.sh"))
+                .arg("stop")
+                .arg(dir.path())
+                .status();
+        }
+    }
+}
+
+/// A RocketMQ name server with its broker(s) for a test: the one in `ROCKETMQ_NAMESRV`, or a
+/// name server and `broker-a` started for the test on free loopback ports (stopped, by their
+/// pids, when dropped).
+#[derive(Debug)]
+pub struct RocketMq {
+    namesrv: String,
+    started_in: Option<tempfile::TempDir>,
+}
+
+impl RocketMq {
+    /// The name server in `ROCKETMQ_NAMESRV` if set, else one of this test's own.
+    ///
+    /// # Panics
+    /// When the broker cannot be started (`scripts/rocketmq.sh install` builds it).
+    pub fn get() -> RocketMq {
+        match std::env::var("ROCKETMQ_NAMESRV") {
+            Ok(namesrv) => RocketMq {
+                namesrv,
+                started_in: None,
+            },
+            Err(_) => RocketMq::start_own(),
+        }
+    }
+
+    /// A name server and broker of this test's own (ones it may freeze, kill or add to).
+    ///
+    /// # Panics
+    /// When they cannot be started (`scripts/rocketmq.sh install` builds them).
+    pub fn start_own() -> RocketMq {
+        let dir = tempfile::tempdir().expect("a temporary directory for RocketMQ");
+        let output = Command::new("bash")
+            .arg(script("rocketmq.sh"))
+            .arg("start")
+            .arg(dir.path())
+            .output()
+            .expect("running scripts/rocketmq.sh");
+        assert!(
+            output.status.success(),
+            "could not start RocketMQ (scripts/rocketmq.sh install builds it): {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let namesrv = std::fs::read_to_string(dir.path().join("namesrv.addr"))
+            .expect("the name server address");
+        RocketMq {
+            namesrv: namesrv.trim().to_owned(),
+            started_in: Some(dir),
+        }
+    }
+
+    /// The name server, `host:port`.
+    pub fn namesrv(&self) -> &str {
+        &self.namesrv
+    }
+
+    /// Starts one more broker named `name` joining this test's name server, and waits until
+    /// it is ready.
+    ///
+    /// # Panics
+    /// For a name server from `ROCKETMQ_NAMESRV`, or when the broker does not start.
+    pub fn start_broker(&self, name: &str) {
+        let output = Command::new("bash")
+            .arg(script("rocketmq.sh"))
+            .arg("start-broker")
+            .arg(self.own_dir())
+            .arg(&self.namesrv)
+            .arg(name)
+            .output()
+            .expect("running scripts/rocketmq.sh");
+        assert!(
+            output.status.success(),
+            "could not start broker {name}: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+
+    /// Sends `signal` (`-STOP`, `-CONT`, `-KILL`, …) to this test's broker `name` (`broker-a`).
+    ///
+    /// # Panics
+    /// For a broker from `ROCKETMQ_NAMESRV`, or when the signal cannot be sent.
+    pub fn signal_broker(&self, name: &str, signal: &str) {
+        send_signal(&self.own_dir().join(name).join("broker.pid"), signal);
+    }
+
+    /// Sends `signal` to this test's name server.
+    ///
+    /// # Panics
+    /// For a name server from `ROCKETMQ_NAMESRV`, or when the signal cannot be sent.
+    pub fn signal_namesrv(&self, signal: &str) {
+        send_signal(&self.own_dir().join("namesrv").join("namesrv.pid"), signal);
+    }
+
+    /// The broker `name`'s log file (for tests that report what the broker said).
+    pub fn broker_log(&self, name: &str) -> Option<PathBuf> {
+        let dir = self.started_in.as_ref()?;
+        Some(dir.path().join(name).join("broker.log"))
+    }
+
+    fn own_dir(&self) -> &Path {
+        self.started_in
+            .as_ref()
+            .expect("only our own RocketMQ is signalled or extended")
+            .path()
+    }
+}
+
+impl Drop for RocketMq {
+    fn drop(&mut self) {
+        if let Some(dir) = &self.started_in {
+            let _ = Command::new("bash")
+                .arg(script("rocketmq.sh"))
                 .arg("stop")
                 .arg(dir.path())
                 .status();

@@ -19,6 +19,7 @@
 
 pub mod kafka;
 pub mod local;
+pub mod rocketmq;
 
 use std::collections::BTreeMap;
 
