@@ -24,7 +24,7 @@ installed() {
 
 install_rocketmq() {
   installed "$NAMESRV" && installed "$BROKER" && return 0
-  ensure_apt build-essential pkg-config cmake curl
+  ensure_apt build-essential pkg-config cmake
   local crate
   for crate in rocketmq-namesrv rocketmq-broker; do
     installed "$EM_TOOLS/bin/$crate-rust" && continue
@@ -35,6 +35,7 @@ install_rocketmq() {
   done
 }
 
+# Readiness is the servers' own /readyz (ROCKETMQ_HEALTH_BIND_ADDR), asked with curl.
 ready() { curl -sf "http://$1/readyz"; }
 
 # start_broker DIR NAMESRV NAME: a broker named NAME in DIR/NAME, registered with NAMESRV.
@@ -92,6 +93,7 @@ start_rocketmq() {
   mkdir -p "$home/conf"
   still_running rocketmq-namesrv "$home/namesrv.pid" && return 1
   install_rocketmq
+  command -v curl >/dev/null || ensure_apt curl
   port="$(free_port)"
   health="127.0.0.1:$(free_port)"
   cat >"$home/conf/namesrv.toml" <<EOF
@@ -130,6 +132,7 @@ case "${1:-}" in
   start) start_rocketmq "${2:?usage: rocketmq.sh start DIR}" ;;
   start-broker)
     install_rocketmq
+    command -v curl >/dev/null || ensure_apt curl
     start_broker "${2:?usage: rocketmq.sh start-broker DIR NAMESRV [NAME]}" \
       "${3:?usage: rocketmq.sh start-broker DIR NAMESRV [NAME]}" "${4:-broker-b}"
     ;;

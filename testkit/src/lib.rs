@@ -7,6 +7,7 @@
 //! * [`RocketMq`] — a real RocketMQ name server and broker (rocketmq-rust 1.0.0) on loopback,
 //!   started and stopped by `scripts/rocketmq.sh`, or the one named by `ROCKETMQ_NAMESRV`.
 
+use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -43,15 +44,14 @@ impl KafkaBroker {
             .and_then(|listener| listener.local_addr())
             .expect("a free loopback port")
             .port();
-        let status = Command::new("bash")
-            .arg(script("kafka.sh"))
-            .arg("start")
-            .arg(dir.path())
-            .arg(port.to_string())
-            .status();
-        assert!(
-            status.is_ok_and(|s| s.success()),
-            "could not start tansu (scripts/kafka.sh install builds it)"
+        run_script(
+            "kafka.sh",
+            &[
+                OsStr::new("start"),
+                dir.path().as_os_str(),
+                OsStr::new(&port.to_string()),
+            ],
+            "could not start tansu (scripts/kafka.sh install builds it)",
         );
         KafkaBroker {
             bootstrap: format!("127.0.0.1:{port}"),
@@ -80,11 +80,7 @@ impl KafkaBroker {
 impl Drop for KafkaBroker {
     fn drop(&mut self) {
         if let Some(dir) = &self.started_in {
-            let _ = Command::new("bash")
-                .arg(script("kafka.sh"))
-                .arg("stop")
-                .arg(dir.path())
-                .status();
+            stop_with("kafka.sh", dir.path());
         }
     }
 }
@@ -119,16 +115,10 @@ impl RocketMq {
     /// When they cannot be started (`scripts/rocketmq.sh install` builds them).
     pub fn start_own() -> RocketMq {
         let dir = tempfile::tempdir().expect("a temporary directory for RocketMQ");
-        let output = Command::new("bash")
-            .arg(script("rocketmq.sh"))
-            .arg("start")
-            .arg(dir.path())
-            .output()
-            .expect("running scripts/rocketmq.sh");
-        assert!(
-            output.status.success(),
-            "could not start RocketMQ (scripts/rocketmq.sh install builds it): {}",
-            String::from_utf8_lossy(&output.stderr)
+        run_script(
+            "rocketmq.sh",
+            &[OsStr::new("start"), dir.path().as_os_str()],
+            "could not start RocketMQ (scripts/rocketmq.sh install builds it)",
         );
         let namesrv = std::fs::read_to_string(dir.path().join("namesrv.addr"))
             .expect("the name server address");
@@ -149,18 +139,15 @@ impl RocketMq {
     /// # Panics
     /// For a name server from `ROCKETMQ_NAMESRV`, or when the broker does not start.
     pub fn start_broker(&self, name: &str) {
-        let output = Command::new("bash")
-            .arg(script("rocketmq.sh"))
-            .arg("start-broker")
-            .arg(self.own_dir())
-            .arg(&self.namesrv)
-            .arg(name)
-            .output()
-            .expect("running scripts/rocketmq.sh");
-        assert!(
-            output.status.success(),
-            "could not start broker {name}: {}",
-            String::from_utf8_lossy(&output.stderr)
+        run_script(
+            "rocketmq.sh",
+            &[
+                OsStr::new("start-broker"),
+                self.own_dir().as_os_str(),
+                OsStr::new(&self.namesrv),
+                OsStr::new(name),
+            ],
+            &format!("could not start broker {name}"),
         );
     }
 
@@ -197,11 +184,7 @@ impl RocketMq {
 impl Drop for RocketMq {
     fn drop(&mut self) {
         if let Some(dir) = &self.started_in {
-            let _ = Command::new("bash")
-                .arg(script("rocketmq.sh"))
-                .arg("stop")
-                .arg(dir.path())
-                .status();
+            stop_with("rocketmq.sh", dir.path());
         }
     }
 }
@@ -258,11 +241,7 @@ impl Etcd {
     /// # Panics
     /// For an etcd from `ETCD_ENDPOINTS`.
     pub fn stop(&self) {
-        let _ = Command::new("bash")
-            .arg(script("etcd.sh"))
-            .arg("stop")
-            .arg(self.own_dir())
-            .status();
+        stop_with("etcd.sh", self.own_dir());
     }
 
     /// Starts this test's etcd (again) on its data directory and ports, and waits until healthy.
@@ -271,16 +250,10 @@ impl Etcd {
     /// For an etcd from `ETCD_ENDPOINTS`, or when it does not become healthy.
     pub fn start(&mut self) {
         let dir = self.own_dir().to_owned();
-        let output = Command::new("bash")
-            .arg(script("etcd.sh"))
-            .arg("start")
-            .arg(&dir)
-            .output()
-            .expect("running scripts/etcd.sh");
-        assert!(
-            output.status.success(),
-            "could not start etcd (scripts/etcd.sh install installs it): {}",
-            String::from_utf8_lossy(&output.stderr)
+        run_script(
+            "etcd.sh",
+            &[OsStr::new("start"), dir.as_os_str()],
+            "could not start etcd (scripts/etcd.sh install installs it)",
         );
         let endpoint = std::fs::read_to_string(dir.join("endpoint")).expect("etcd's endpoint file");
         self.endpoints = vec![endpoint.trim().to_owned()];
@@ -308,6 +281,33 @@ impl Drop for Etcd {
             self.stop();
         }
     }
+}
+
+/// Runs `scripts/<name> ARGS…` and waits for it.
+///
+/// # Panics
+/// When it cannot be run or fails: `failure`, then the script's stderr.
+fn run_script(name: &str, args: &[&OsStr], failure: &str) {
+    let output = Command::new("bash")
+        .arg(script(name))
+        .args(args)
+        .output()
+        .unwrap_or_else(|err| panic!("running scripts/{name}: {err}"));
+    assert!(
+        output.status.success(),
+        "{failure}: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+/// `scripts/<name> stop DIR`: stops what a test started in DIR, by pid (best effort: it runs
+/// from `Drop`, where a failure must not panic).
+fn stop_with(name: &str, dir: &Path) {
+    let _ = Command::new("bash")
+        .arg(script(name))
+        .arg("stop")
+        .arg(dir)
+        .status();
 }
 
 /// Sends `signal` to the process whose pid `pid_file` holds.

@@ -33,9 +33,9 @@ pub const NAME_RULE: &str = "RocketMQ names use [%|a-zA-Z0-9_-], at most 127 cha
 /// Refuses a topic RocketMQ cannot name (itself or its `<topic>_DLQ`), naming the rule.
 pub fn check_topic(topic: &Topic) -> Result<(), StorageError> {
     let name = topic.as_str();
+    // The longer of the two (a dead-letter topic is its own dead-letter topic).
     let dead_letters = eventmesh_common::dead_letter::dlq_topic(name);
-    let longest = name.len().max(dead_letters.len());
-    if !name.chars().all(legal) || longest > MAX_NAME_CHARS {
+    if !name.chars().all(legal) || dead_letters.len() > MAX_NAME_CHARS {
         return Err(StorageError::Invalid(format!(
             "topic name {name:?} cannot be a RocketMQ topic: {NAME_RULE} \
              (its dead-letter topic {dead_letters:?} too)"
