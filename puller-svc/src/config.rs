@@ -12,6 +12,7 @@ use serde::Deserialize;
 use crate::cursors::StartAt;
 use crate::local_log::LogSettings;
 use crate::storage::kafka::KafkaTuning;
+use crate::storage::rocketmq::client::RocketMqSettings;
 
 /// Which MQ backend the puller reads.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum, Deserialize)]
@@ -22,6 +23,9 @@ pub enum Backend {
     Local,
     /// A Kafka (or Kafka-compatible) cluster at `kafka_bootstrap`.
     Kafka,
+    /// RocketMQ 4.x semantics: PULL from the puller's own cursors, through the name server
+    /// at `rocketmq_namesrv`.
+    Rocketmq4,
 }
 
 /// Where a reader without a cursor or watermark starts.
@@ -66,6 +70,12 @@ pub struct Config {
     pub kafka_fetch_wait_ms: u32,
     /// Kafka: how long the producer gathers records per request, ms (`linger.ms`).
     pub kafka_linger_ms: u32,
+    /// RocketMQ name server(s) (`host:port;...`) for the `rocketmq4` backend.
+    pub rocketmq_namesrv: String,
+    /// RocketMQ: the cluster whose masters get the topics the puller creates.
+    pub rocketmq_cluster: String,
+    /// RocketMQ: the largest message body the brokers accept (their `maxMessageSize`).
+    pub rocketmq_max_message_bytes: usize,
     /// How often cursors are checkpointed, milliseconds (also at shutdown).
     pub checkpoint_interval_ms: u64,
     /// Where a reader with neither cursor nor watermark starts.
@@ -108,6 +118,9 @@ impl Default for Config {
             kafka_bootstrap: "127.0.0.1:9092".into(),
             kafka_fetch_wait_ms: KafkaTuning::default().fetch_wait_ms,
             kafka_linger_ms: KafkaTuning::default().linger_ms,
+            rocketmq_namesrv: "127.0.0.1:9876".into(),
+            rocketmq_cluster: "DefaultCluster".into(),
+            rocketmq_max_message_bytes: RocketMqSettings::DEFAULT_MAX_MESSAGE_BYTES,
             checkpoint_interval_ms: 5_000,
             start: Start::Earliest,
             default_partitions: 4,
@@ -136,6 +149,15 @@ impl Config {
     pub fn dead_letter_retention_ms(&self) -> Option<i64> {
         (self.dead_letter_retention_hours > 0)
             .then(|| self.dead_letter_retention_hours as i64 * 3_600_000)
+    }
+
+    /// Where the RocketMQ backends find the cluster.
+    pub fn rocketmq_settings(&self) -> RocketMqSettings {
+        RocketMqSettings {
+            namesrv: self.rocketmq_namesrv.clone(),
+            cluster: self.rocketmq_cluster.clone(),
+            max_message_bytes: self.rocketmq_max_message_bytes,
+        }
     }
 
     /// The librdkafka settings of the `kafka` backend.
@@ -193,6 +215,15 @@ pub struct Args {
     /// Kafka: producer linger, ms [default: 5].
     #[arg(long, env = "EM_PULLER_KAFKA_LINGER_MS")]
     pub kafka_linger_ms: Option<u32>,
+    /// RocketMQ name server(s), `host:port;...` [default: 127.0.0.1:9876].
+    #[arg(long, env = "EM_PULLER_ROCKETMQ_NAMESRV")]
+    pub rocketmq_namesrv: Option<String>,
+    /// RocketMQ cluster whose masters get created topics [default: DefaultCluster].
+    #[arg(long, env = "EM_PULLER_ROCKETMQ_CLUSTER")]
+    pub rocketmq_cluster: Option<String>,
+    /// RocketMQ brokers' maxMessageSize, bytes [default: 4194304].
+    #[arg(long, env = "EM_PULLER_ROCKETMQ_MAX_MESSAGE_BYTES")]
+    pub rocketmq_max_message_bytes: Option<usize>,
     /// Checkpoint interval, ms [default: 5000].
     #[arg(long, env = "EM_PULLER_CHECKPOINT_INTERVAL_MS")]
     pub checkpoint_interval_ms: Option<u64>,
@@ -224,7 +255,7 @@ pub struct Args {
     /// Deadline of calls to offset-svc, ms [default: 5000].
     #[arg(long, env = "EM_PULLER_DEPENDENCY_TIMEOUT_MS")]
     pub dependency_timeout_ms: Option<u64>,
-    /// Create topics a publish or subscribe names [default: on for local, off for kafka].
+    /// Create topics a publish or subscribe names [default: on for local, off for brokers].
     #[arg(long, env = "EM_PULLER_AUTO_CREATE_TOPICS")]
     pub auto_create_topics: Option<bool>,
     /// Age limit of dead-letter topics, hours; 0 keeps them [default: 0].
@@ -247,6 +278,12 @@ impl Args {
         apply(&mut config.kafka_bootstrap, self.kafka_bootstrap);
         apply(&mut config.kafka_fetch_wait_ms, self.kafka_fetch_wait_ms);
         apply(&mut config.kafka_linger_ms, self.kafka_linger_ms);
+        apply(&mut config.rocketmq_namesrv, self.rocketmq_namesrv);
+        apply(&mut config.rocketmq_cluster, self.rocketmq_cluster);
+        apply(
+            &mut config.rocketmq_max_message_bytes,
+            self.rocketmq_max_message_bytes,
+        );
         apply(
             &mut config.checkpoint_interval_ms,
             self.checkpoint_interval_ms,

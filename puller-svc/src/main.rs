@@ -14,6 +14,7 @@ use puller_svc::service::PullerGrpc;
 use puller_svc::storage::Storage;
 use puller_svc::storage::kafka::KafkaStorage;
 use puller_svc::storage::local::LocalStorage;
+use puller_svc::storage::rocketmq4::RocketMq4Storage;
 
 #[global_allocator]
 static ALLOCATOR: eventmesh_common::alloc::Allocator = eventmesh_common::alloc::ALLOCATOR;
@@ -49,6 +50,14 @@ async fn main() -> anyhow::Result<()> {
                 config.kafka_tuning(),
             )?
             .with_dead_letter_retention(config.dead_letter_retention_ms()),
+        ),
+        Backend::Rocketmq4 => Arc::new(
+            RocketMq4Storage::new(
+                config.rocketmq_settings(),
+                config.data_dir.clone(),
+                config.start.into(),
+            )
+            .await?,
         ),
     };
     // Lazy: the puller starts even while offset-svc is down; readers then wait for it.

@@ -8,9 +8,6 @@
 mod support;
 
 use std::collections::BTreeSet;
-use std::io::{BufRead, BufReader};
-use std::path::Path;
-use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -18,66 +15,8 @@ use bytes::Bytes;
 use eventmesh_common::frame::{Frame, FrameLimits};
 use eventmesh_proto::offset::offset_service_client::OffsetServiceClient;
 use eventmesh_proto::offset::{OffsetEntry, OffsetKey, WriteOffsetsRequest};
-use eventmesh_proto::puller::puller_service_client::PullerServiceClient;
 use eventmesh_proto::puller::{self as pb};
-use tonic::transport::Channel;
-
-/// Kills the child on drop, so a failing assertion leaves no process behind.
-struct Puller {
-    child: Child,
-    client: PullerServiceClient<Channel>,
-    /// Generations of the readers this test attached to this process.
-    generations: std::collections::HashMap<String, u64>,
-}
-
-impl Puller {
-    async fn start(data_dir: &Path, offset_svc: &str) -> Puller {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_puller-svc"))
-            .args(["--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"])
-            .args([
-                "--checkpoint-interval-ms",
-                "100",
-                "--offset-svc",
-                offset_svc,
-                "--data-dir",
-            ])
-            .arg(data_dir)
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .unwrap();
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let addr = line
-            .trim()
-            .strip_prefix("puller-svc listening on ")
-            .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
-            .to_owned();
-        let client = PullerServiceClient::connect(format!("http://{addr}"))
-            .await
-            .unwrap();
-        Puller {
-            child,
-            client,
-            generations: Default::default(),
-        }
-    }
-
-    fn kill9(&mut self) {
-        self.child.kill().unwrap();
-        self.child.wait().unwrap();
-    }
-}
-
-impl Drop for Puller {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
+use support::binary::Puller;
 
 fn event(id: u64) -> Bytes {
     let mut frame = Frame::event();
@@ -125,7 +64,7 @@ async fn kill_minus_nine_loses_no_acknowledged_publish_and_cursors_resume() {
     let (offsets, offset_channel) = support::memory_offset_svc().await;
     let offset_url = format!("http://{}", offsets.local_addr());
     let dir = tempfile::tempdir().unwrap();
-    let mut puller = Puller::start(dir.path(), &offset_url).await;
+    let mut puller = Puller::start(dir.path(), &offset_url, &[]).await;
     puller
         .client
         .create_topic(pb::CreateTopicRequest {
@@ -204,7 +143,7 @@ async fn kill_minus_nine_loses_no_acknowledged_publish_and_cursors_resume() {
     }
     let acked = acked.lock().unwrap().clone();
 
-    let mut puller = Puller::start(dir.path(), &offset_url).await;
+    let mut puller = Puller::start(dir.path(), &offset_url, &[]).await;
     // Every acknowledged publish is there (read by a fresh group from the start).
     let mut all = BTreeSet::new();
     loop {

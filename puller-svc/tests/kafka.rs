@@ -6,72 +6,23 @@
 
 mod support;
 
+use support::{event, ids, limits, poll_n, reader};
+
 use std::time::Duration;
 
 use bytes::Bytes;
 use eventmesh_common::frame::{Frame, FrameLimits};
-use eventmesh_common::keys::{GroupName, PartitionId, Topic};
+use eventmesh_common::keys::{PartitionId, Topic};
 use eventmesh_testkit::KafkaBroker as Broker;
 use puller_svc::cursors::{Alignment, StartAt};
 use puller_svc::ingest::BodyKind;
 use puller_svc::storage::kafka::KafkaStorage;
-use puller_svc::storage::{PollLimits, PolledBatch, ReaderKey, Selection, Storage, StorageError};
+use puller_svc::storage::{Selection, Storage, StorageError};
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::{Offset, TopicPartitionList};
-
-fn event(id: &str) -> Bytes {
-    let mut frame = Frame::event();
-    frame.set_attribute("id", id);
-    frame.encode(&FrameLimits::DEFAULT).unwrap()
-}
-
-fn reader(group: Option<&str>, topic: &Topic) -> ReaderKey {
-    ReaderKey {
-        group: group.map(|g| GroupName::new(g).unwrap()),
-        topic: topic.clone(),
-    }
-}
-
-fn limits(max_records: usize) -> PollLimits {
-    PollLimits {
-        max_records,
-        ..PollLimits::default()
-    }
-}
-
-/// Polls until `n` records arrived (the broker may need a few fetches), at most 10 s.
-async fn poll_n(storage: &KafkaStorage, reader: &ReaderKey, n: usize) -> PolledBatch {
-    let mut all = PolledBatch::default();
-    for _ in 0..100 {
-        let batch = storage
-            .poll(reader, &Selection::All, limits(n - all.records.len()))
-            .await
-            .unwrap();
-        all.records.extend(batch.records);
-        all.ranges.extend(batch.ranges);
-        if all.records.len() >= n {
-            return all;
-        }
-    }
-    panic!("only {} of {n} records arrived", all.records.len());
-}
-
-fn ids(batch: &PolledBatch) -> Vec<String> {
-    batch
-        .records
-        .iter()
-        .map(|r| {
-            Frame::decode(&r.ingested.frame, &FrameLimits::DEFAULT)
-                .unwrap()
-                .attribute("id")
-                .unwrap_or("-")
-                .to_owned()
-        })
-        .collect()
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kafka_backend_against_a_real_broker() {

@@ -690,12 +690,6 @@ struct Refit {
     past_end: Vec<(i32, PastEnd)>,
 }
 
-fn lite_unsupported() -> StorageError {
-    StorageError::Invalid(
-        "lite channels are not supported by the kafka backend (use local or rocketmq5)".into(),
-    )
-}
-
 #[async_trait::async_trait]
 impl Storage for KafkaStorage {
     fn backend(&self) -> &'static str {
@@ -872,7 +866,7 @@ impl Storage for KafkaStorage {
     }
 
     async fn create_lite(&self, _parent: &Topic, _lite: &str) -> Result<PartitionId, StorageError> {
-        Err(lite_unsupported())
+        Err(super::lite_unsupported(BACKEND))
     }
 
     async fn send_lite(
@@ -881,7 +875,7 @@ impl Storage for KafkaStorage {
         _lite: &str,
         _body: Bytes,
     ) -> Result<Appended, StorageError> {
-        Err(lite_unsupported())
+        Err(super::lite_unsupported(BACKEND))
     }
 
     async fn pull_lite(
@@ -890,6 +884,6 @@ impl Storage for KafkaStorage {
         _lite: &str,
         _limits: PollLimits,
     ) -> Result<PolledBatch, StorageError> {
-        Err(lite_unsupported())
+        Err(super::lite_unsupported(BACKEND))
     }
 }

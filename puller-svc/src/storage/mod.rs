@@ -20,6 +20,7 @@
 pub mod kafka;
 pub mod local;
 pub mod rocketmq;
+pub mod rocketmq4;
 
 use std::collections::BTreeMap;
 
@@ -236,6 +237,13 @@ pub(crate) async fn send_each<S: Storage + ?Sized>(
         .into_iter()
         .map(|record| storage.send(topic, record.key, record.body, record.partition));
     futures::future::join_all(sends).await
+}
+
+/// Lite channels on a backend that has none (they need `local` or `rocketmq5`).
+pub(crate) fn lite_unsupported(backend: &str) -> StorageError {
+    StorageError::Invalid(format!(
+        "lite channels are not supported by the {backend} backend (use local or rocketmq5)"
+    ))
 }
 
 /// A batch whose every record found the topic unknown fails as a whole (nothing was stored).

@@ -14,6 +14,12 @@ use puller_svc::service::PullerGrpc;
 use puller_svc::storage::Storage;
 use tonic::transport::Channel;
 
+use bytes::Bytes;
+use eventmesh_common::frame::{Frame, FrameLimits};
+use eventmesh_common::keys::{GroupName, Topic};
+use puller_svc::storage::{PollLimits, PolledBatch, ReaderKey, Selection};
+use std::time::Instant;
+
 /// An in-process offset-svc (memory store) on a free loopback port, and a channel to it.
 pub async fn memory_offset_svc() -> (offset_svc::server::RunningServer, Channel) {
     let config = Config {
@@ -80,3 +86,60 @@ pub async fn attach(
         .generations[0]
         .generation
 }
+
+// Shared by the backend tests (kafka, rocketmq4).
+
+pub fn event(id: &str) -> Bytes {
+    let mut frame = Frame::event();
+    frame.set_attribute("id", id);
+    frame.encode(&FrameLimits::DEFAULT).unwrap()
+}
+
+pub fn reader(group: Option<&str>, topic: &Topic) -> ReaderKey {
+    ReaderKey {
+        group: group.map(|g| GroupName::new(g).unwrap()),
+        topic: topic.clone(),
+    }
+}
+
+pub fn limits(max_records: usize) -> PollLimits {
+    PollLimits {
+        max_records,
+        ..PollLimits::default()
+    }
+}
+
+/// Polls until `n` records arrived, at most 10 s.
+pub async fn poll_n(storage: &dyn Storage, reader: &ReaderKey, n: usize) -> PolledBatch {
+    let mut all = PolledBatch::default();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < deadline {
+        let batch = storage
+            .poll(reader, &Selection::All, limits(n - all.records.len()))
+            .await
+            .unwrap();
+        all.records.extend(batch.records);
+        all.ranges.extend(batch.ranges);
+        if all.records.len() >= n {
+            return all;
+        }
+    }
+    panic!("only {} of {n} records arrived", all.records.len());
+}
+
+pub fn ids(batch: &PolledBatch) -> Vec<String> {
+    batch
+        .records
+        .iter()
+        .map(|r| {
+            Frame::decode(&r.ingested.frame, &FrameLimits::STAMPED)
+                .unwrap()
+                .attribute("id")
+                .unwrap_or("-")
+                .to_owned()
+        })
+        .collect()
+}
+
+pub mod binary;
+pub mod recording;

@@ -23,31 +23,21 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
-use clap::{Args, ValueEnum};
+use clap::Args;
 use eventmesh_client::local::{LocalConfig, LocalInstance, Service};
 use eventmesh_client::{
     AckOutcome, Client, ClientConfig, Event, Publisher, PublisherOptions, StartPosition,
     SubscribeOptions, Subscription,
 };
 use eventmesh_proto::puller as puller_pb;
-use eventmesh_proto::puller::puller_service_client::PullerServiceClient;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum Backend {
-    /// The embedded local log.
-    Local,
-    /// A Kafka-compatible broker at --kafka-bootstrap.
-    Kafka,
-}
+use crate::backend::BackendArgs;
+use eventmesh_proto::puller::puller_service_client::PullerServiceClient;
 
 #[derive(Debug, Args)]
 pub struct BenchArgs {
-    /// puller-svc's backend.
-    #[arg(long, value_enum, default_value_t = Backend::Local)]
-    backend: Backend,
-    /// Kafka bootstrap servers (with --backend kafka).
-    #[arg(long)]
-    kafka_bootstrap: Option<String>,
+    #[command(flatten)]
+    backend: BackendArgs,
     /// Event payload sizes in bytes.
     #[arg(long, value_delimiter = ',', default_value = "256,1024")]
     sizes: Vec<usize>,
@@ -76,9 +66,6 @@ pub struct BenchArgs {
     /// Extra dispatcher-svc flag (repeat; e.g. `--dispatcher-arg=--ack-flush-ms=0`).
     #[arg(long = "dispatcher-arg", allow_hyphen_values = true)]
     dispatcher_args: Vec<String>,
-    /// Extra puller-svc flag (repeat; e.g. `--puller-arg=--sync-appends=true`).
-    #[arg(long = "puller-arg", allow_hyphen_values = true)]
-    puller_args: Vec<String>,
     /// Samples of the idle first-event probe (0 skips it).
     #[arg(long, default_value_t = 100)]
     pub idle_samples: u32,
@@ -157,31 +144,12 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
             ],
         );
     config = config.args(Service::Dispatcher, args.dispatcher_args.iter().cloned());
-    config = config.args(Service::Puller, args.puller_args.iter().cloned());
     config.log_filter = "warn".into();
     config.bin_dir = args.bin_dir.clone();
     // A known metrics port for the dispatcher: a build with its `count-allocations` feature
     // reports heap allocations there.
     config.metrics_listen[Service::Dispatcher.index()] = free_loopback_addr()?;
-    if args.backend == Backend::Kafka {
-        let bootstrap = args
-            .kafka_bootstrap
-            .clone()
-            .context("--backend kafka needs --kafka-bootstrap")?;
-        config = config.args(
-            Service::Puller,
-            [
-                "--backend".to_owned(),
-                "kafka".to_owned(),
-                "--kafka-bootstrap".to_owned(),
-                bootstrap,
-                // Every round publishes to a fresh topic; on Kafka the puller creates topics
-                // only when told to.
-                "--auto-create-topics".to_owned(),
-                "true".to_owned(),
-            ],
-        );
-    }
+    let config = args.backend.apply(config)?;
     let mut instance = LocalInstance::start(config).await?;
     let outcome = bench_all(&args, &mut instance, &run_tag).await;
     instance.stop(Duration::from_secs(15)).await;
@@ -374,7 +342,7 @@ async fn bench_one(
     };
 
     Ok(Row {
-        backend: format!("{:?}", args.backend).to_lowercase(),
+        backend: args.backend.name(),
         size,
         streams,
         events,
@@ -457,7 +425,7 @@ async fn idle_first_event(
     let samples = micros.len();
     let (p50, p99) = percentiles(micros);
     Ok(IdleRow {
-        backend: format!("{:?}", args.backend).to_lowercase(),
+        backend: args.backend.name(),
         idle_samples: samples,
         idle_gap_ms: args.idle_gap_ms,
         first_event_p50_ms: p50,

@@ -25,6 +25,7 @@ use eventmesh_proto::puller::puller_service_client::PullerServiceClient;
 use futures::StreamExt;
 use indicatif::MultiProgress;
 
+use crate::backend::BackendArgs;
 use crate::offsets::{Services, topic_view};
 use crate::pubsub::progress;
 
@@ -78,6 +79,8 @@ pub struct DemoArgs {
     /// Print the summary as one JSON object.
     #[arg(long)]
     json: bool,
+    #[command(flatten)]
+    backend: BackendArgs,
     /// Give up waiting for lag 0 after this many seconds.
     #[arg(long, default_value_t = 120)]
     timeout_secs: u64,
@@ -106,7 +109,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         .map(|d| d.as_millis())
         .unwrap_or_default();
     let run_dir = args.data_dir.join(format!("demo-{stamp}"));
-    let mut config = LocalConfig::new(&run_dir);
+    let mut config = args.backend.apply(LocalConfig::new(&run_dir))?;
     config.bin_dir = args.bin_dir.clone();
     config.log_filter = "warn".into();
     let mut instance = LocalInstance::start(config)

@@ -1,6 +1,7 @@
 //! `emctl`: run a local EventMesh instance, publish, subscribe, inspect and reset offsets, and
 //! the end-to-end demo. `emctl --help` and `emctl <command> --help` describe everything.
 
+mod backend;
 mod bench;
 mod cluster;
 mod demo;

@@ -1,5 +1,7 @@
 //! What the RocketMQ backends (`rocketmq4`: PULL from our own cursors; `rocketmq5`: POP with
-//! the broker ACK deferred to the client's ACK) share. Issue 13 builds them; so far only the
-//! name rules are here.
+//! the broker ACK deferred to the client's ACK) share: the client and its runtime, the name
+//! rules, and the conversion of messages in and out.
 
+pub mod client;
+pub mod message;
 pub mod names;
