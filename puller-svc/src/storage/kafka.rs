@@ -864,26 +864,4 @@ impl Storage for KafkaStorage {
             .unwrap_or_else(|p| p.into_inner())
             .len()
     }
-
-    async fn create_lite(&self, _parent: &Topic, _lite: &str) -> Result<PartitionId, StorageError> {
-        Err(super::lite_unsupported(BACKEND))
-    }
-
-    async fn send_lite(
-        &self,
-        _parent: &Topic,
-        _lite: &str,
-        _body: Bytes,
-    ) -> Result<Appended, StorageError> {
-        Err(super::lite_unsupported(BACKEND))
-    }
-
-    async fn pull_lite(
-        &self,
-        _reader: &ReaderKey,
-        _lite: &str,
-        _limits: PollLimits,
-    ) -> Result<PolledBatch, StorageError> {
-        Err(super::lite_unsupported(BACKEND))
-    }
 }

@@ -240,7 +240,7 @@ pub(crate) async fn send_each<S: Storage + ?Sized>(
 }
 
 /// Lite channels on a backend that has none (they need `local` or `rocketmq5`).
-pub(crate) fn lite_unsupported(backend: &str) -> StorageError {
+fn lite_unsupported(backend: &str) -> StorageError {
     StorageError::Invalid(format!(
         "lite channels are not supported by the {backend} backend (use local or rocketmq5)"
     ))
@@ -389,12 +389,7 @@ pub trait Storage: Send + Sync + 'static {
     /// Forgets an idle reader: what the backend keeps for it (a Kafka consumer and its
     /// threads) and its cursors (and their checkpoint file when its group has no other).
     async fn evict_reader(&self, reader: &ReaderKey) -> Result<(), StorageError> {
-        let reader = reader.clone();
-        on_blocking(self.cursor_book(), move |book| {
-            book.evict(&reader.group, &reader.topic);
-            Ok(())
-        })
-        .await
+        evict_cursors(self.cursor_book(), reader).await
     }
 
     /// How many readers hold backend resources of their own (a Kafka consumer each); 0 where
@@ -413,23 +408,43 @@ pub trait Storage: Send + Sync + 'static {
     }
 
     /// Creates a lite channel inside `parent`; returns its partition id `<lite>@<queue>`.
-    async fn create_lite(&self, parent: &Topic, lite: &str) -> Result<PartitionId, StorageError>;
+    /// Backends without lite channels keep this default (INVALID_ARGUMENT).
+    async fn create_lite(&self, _parent: &Topic, _lite: &str) -> Result<PartitionId, StorageError> {
+        Err(lite_unsupported(self.backend()))
+    }
 
     /// Appends to a lite channel.
     async fn send_lite(
         &self,
-        parent: &Topic,
-        lite: &str,
-        body: Bytes,
-    ) -> Result<Appended, StorageError>;
+        _parent: &Topic,
+        _lite: &str,
+        _body: Bytes,
+    ) -> Result<Appended, StorageError> {
+        Err(lite_unsupported(self.backend()))
+    }
 
     /// Reads a lite channel from the reader's position in it (from its head on a fresh reader).
     async fn pull_lite(
         &self,
-        reader: &ReaderKey,
-        lite: &str,
-        limits: PollLimits,
-    ) -> Result<PolledBatch, StorageError>;
+        _reader: &ReaderKey,
+        _lite: &str,
+        _limits: PollLimits,
+    ) -> Result<PolledBatch, StorageError> {
+        Err(lite_unsupported(self.backend()))
+    }
+}
+
+/// Forgets a reader's cursors (and their checkpoint file when its group has no other).
+pub(crate) async fn evict_cursors(
+    book: Arc<CursorBook>,
+    reader: &ReaderKey,
+) -> Result<(), StorageError> {
+    let reader = reader.clone();
+    on_blocking(book, move |book| {
+        book.evict(&reader.group, &reader.topic);
+        Ok(())
+    })
+    .await
 }
 
 /// Runs blocking backend work (file I/O, librdkafka calls) on the blocking pool.

@@ -506,33 +506,6 @@ impl Storage for RocketMq4Storage {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .remove(reader);
-        let (cursors, reader) = (Arc::clone(&self.inner.cursors), reader.clone());
-        super::on_blocking(cursors, move |book| {
-            book.evict(&reader.group, &reader.topic);
-            Ok(())
-        })
-        .await
-    }
-
-    async fn create_lite(&self, _parent: &Topic, _lite: &str) -> Result<PartitionId, StorageError> {
-        Err(super::lite_unsupported(BACKEND))
-    }
-
-    async fn send_lite(
-        &self,
-        _parent: &Topic,
-        _lite: &str,
-        _body: Bytes,
-    ) -> Result<Appended, StorageError> {
-        Err(super::lite_unsupported(BACKEND))
-    }
-
-    async fn pull_lite(
-        &self,
-        _reader: &ReaderKey,
-        _lite: &str,
-        _limits: PollLimits,
-    ) -> Result<PolledBatch, StorageError> {
-        Err(super::lite_unsupported(BACKEND))
+        super::evict_cursors(Arc::clone(&self.inner.cursors), reader).await
     }
 }

@@ -249,11 +249,6 @@ impl RocketMqClient {
         &self.settings.namesrv
     }
 
-    /// The settings it was made with.
-    pub fn settings(&self) -> &RocketMqSettings {
-        &self.settings
-    }
-
     /// Refuses a body larger than the brokers take (INVALID_ARGUMENT: a retry cannot help).
     pub fn check_body(&self, body: &[u8]) -> Result<(), StorageError> {
         if body.len() > self.settings.max_message_bytes {
@@ -561,21 +556,6 @@ impl RocketMqClient {
             }
         })
         .await
-    }
-
-    /// Shuts the producer and handle down (the runtime stops when the client is dropped).
-    pub async fn shutdown(&self) {
-        if let Some(started) = self.started.get() {
-            let mut producer = started.producer.clone();
-            let handle = std::sync::Arc::clone(&started.handle);
-            let _ = self
-                .call("shutdown", CALL_TIMEOUT, async move {
-                    producer.shutdown().await;
-                    handle.shutdown_owned().await;
-                    Ok(())
-                })
-                .await;
-        }
     }
 }
 
