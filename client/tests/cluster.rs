@@ -16,8 +16,8 @@ use eventmesh_client::{Client, ClientConfig, Event, StartPosition, SubscribeOpti
 use eventmesh_proto::client::admin_service_client::AdminServiceClient;
 use eventmesh_proto::client::event_mesh_service_client::EventMeshServiceClient;
 use eventmesh_proto::client::{
-    Open, RecommendRequest, ResetOffsetsRequest, SubscribeRequest, SubscriptionMode,
-    reset_offsets_request, subscribe_request,
+    Ack, Open, RecommendRequest, ResetOffsetsRequest, SubscribeRequest, SubscriptionMode,
+    reset_offsets_request, subscribe_request, subscribe_response,
 };
 use eventmesh_testkit::{Etcd, KafkaBroker};
 use support::{Ledger, spawn_consumer};
@@ -211,6 +211,62 @@ async fn raw_open(node: &Node, client_id: &str, topic: &str, group: &str) -> ton
             }
         }
     }
+}
+
+/// Opens a raw session of `group` at `node` (no recommendation, no redirect followed),
+/// ACKs its first delivery, ends the session and returns that delivery's event id.
+async fn first_delivery_at(node: &Node, topic: &str, group: &str) -> String {
+    let mut raw = EventMeshServiceClient::connect(node.instance.endpoint())
+        .await
+        .unwrap();
+    let (requests, inbound) = futures::channel::mpsc::unbounded();
+    requests
+        .unbounded_send(SubscribeRequest {
+            kind: Some(subscribe_request::Kind::Open(Open {
+                client_id: "raw-replay".into(),
+                topic: topic.into(),
+                group: group.into(),
+                mode: SubscriptionMode::LoadBalance.into(),
+                start: eventmesh_proto::client::StartPosition::Earliest.into(),
+                ..Open::default()
+            })),
+        })
+        .unwrap();
+    let mut stream = raw.subscribe(inbound).await.unwrap().into_inner();
+    let first = tokio::time::timeout(Duration::from_secs(30), async {
+        loop {
+            let message = stream
+                .message()
+                .await
+                .unwrap()
+                .expect("the stream stays open");
+            let delivery = match message.kind {
+                Some(subscribe_response::Kind::Delivery(delivery)) => Some(delivery),
+                Some(subscribe_response::Kind::Batch(batch)) => batch.deliveries.into_iter().next(),
+                _ => None,
+            };
+            if let Some(delivery) = delivery {
+                return delivery;
+            }
+        }
+    })
+    .await
+    .expect("a delivery within 30 s");
+    requests
+        .unbounded_send(SubscribeRequest {
+            kind: Some(subscribe_request::Kind::Ack(Ack {
+                delivery_ids: vec![first.delivery_id.clone()],
+            })),
+        })
+        .unwrap();
+    // The end of the request stream ends the session; the server then ends its stream.
+    drop(requests);
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while let Ok(Some(_)) = stream.message().await {}
+    })
+    .await
+    .expect("the session ends");
+    first.event.map(|e| e.id).unwrap_or_default()
 }
 
 /// Registration: the record under the lease, kept alive past the TTL, gone at once after
@@ -497,6 +553,18 @@ async fn one_group_has_one_home() {
     let record = etcd_prefix(&etcd, &format!("/em/watermarks/{topic}/g/"));
     assert!(!record.is_empty());
     assert!(record.values().all(|v| v == "-1"), "{record:?}");
+    // The old home's own offset-svc still holds the progress from before the reset: the group
+    // created there again must take the lowered record, not its stale local watermarks.
+    let old_home = if home == a.id { &a } else { &b };
+    let first = first_delivery_at(old_home, &topic, "g").await;
+    assert!(
+        first.starts_with("cl-"),
+        "the reset group replays at its old home too (first delivery {first})"
+    );
+    eventually("home released again", Duration::from_secs(10), || {
+        etcd_get(&etcd, &home_key).is_none()
+    })
+    .await;
     let mut again = at_b.subscribe(options()).await.unwrap();
     let replayed = tokio::time::timeout(Duration::from_secs(30), again.next())
         .await

@@ -339,6 +339,8 @@ impl Shared {
         eventmesh_common::metrics::forget_group_label(&key.label());
         // The home goes when the group does, unless the instance is shutting down: then the
         // last progress is mirrored first and the lease's revocation frees every home at once.
+        // The group's last writes are made durable and mirrored before the home goes, so the
+        // record its next creation adopts (here or elsewhere) is not behind what it ACKed.
         if let Some(cluster) = &self.cluster
             && !self.shutdown.is_cancelled()
         {
@@ -346,10 +348,20 @@ impl Shared {
             let cluster = Arc::clone(cluster);
             let key = key.clone();
             tokio::spawn(async move {
+                let durable = matches!(
+                    tokio::time::timeout(STOP_TIMEOUT, shared.writer.barrier()).await,
+                    Ok(true)
+                );
                 let _creating = shared.creating.lock().await;
-                if shared.group(&key).is_none() {
-                    cluster.release_home(&key).await;
+                if shared.group(&key).is_some() {
+                    return;
                 }
+                if !durable {
+                    tracing::warn!(group = %key, "the ended group's last writes did not become durable in time; its next creation may repeat what they covered");
+                } else if let Err(error) = cluster.mirror().flush(&cluster).await {
+                    tracing::warn!(group = %key, %error, "the ended group's last progress was not mirrored; its next creation may repeat up to one mirror interval");
+                }
+                cluster.release_home(&key).await;
             });
         }
     }
@@ -498,11 +510,8 @@ impl Shared {
             Some(cluster) => match cluster.mirror().read(cluster, key).await? {
                 Recorded::New => false,
                 Recorded::Moved(recorded) => {
-                    self.raise_to_record(key, &recorded).await?;
-                    for (partition, watermark) in recorded {
-                        let slot = stored.entry(partition).or_insert(watermark);
-                        *slot = (*slot).max(watermark);
-                    }
+                    self.adopt_record(key, &recorded).await?;
+                    stored.extend(recorded);
                     true
                 }
             },
@@ -601,9 +610,14 @@ impl Shared {
         Ok(handle)
     }
 
-    /// Raises this instance's stored watermarks of `key` to what its previous home mirrored
-    /// (offset-svc writes are CAS-max), before the reader is attached.
-    async fn raise_to_record(
+    /// Makes this instance's stored watermarks of `key` what its previous home mirrored, before
+    /// the reader is attached. The record is the group's progress wherever it lived: raised by
+    /// a CAS-max write (another home got further), and lowered where this instance's own
+    /// offset-svc is ahead of it, which happens when the record was lowered elsewhere (an
+    /// operator's reset or a rewind through another instance) or when this instance died as
+    /// the group's home before its last progress was mirrored (then the lowering re-delivers
+    /// at most one mirror interval: at least once, never a skip).
+    async fn adopt_record(
         &self,
         key: &GroupKey,
         recorded: &BTreeMap<PartitionId, i64>,
@@ -618,14 +632,39 @@ impl Shared {
                 offset: *watermark,
             })
             .collect();
-        self.offsets()
+        let results = self
+            .offsets()
             .write_offsets(WriteOffsetsRequest {
                 entries,
                 sync: self.settings.sync_offsets,
             })
             .await
-            .map_err(|status| DispatcherError::dependency("offset-svc", status))?;
-        tracing::info!(group = %key, partitions = recorded.len(), "resuming the group where its previous home got to (mirrored progress)");
+            .map_err(|status| DispatcherError::dependency("offset-svc", status))?
+            .into_inner()
+            .results;
+        for ((partition, watermark), result) in recorded.iter().zip(&results) {
+            if result.stored <= *watermark {
+                continue;
+            }
+            tracing::warn!(group = %key, %partition, stored = result.stored, recorded = *watermark, "this instance's stored watermark is ahead of the group's mirrored record (lowered elsewhere, or not mirrored before this instance died): taking the record");
+            let cursor = self.cursor_key(key, partition);
+            self.offsets()
+                .reset_offsets(ResetOffsetsRequest {
+                    selector: Some(OffsetSelector {
+                        topic: cursor.topic,
+                        client_id: cursor.client_id,
+                        partition: cursor.partition,
+                    }),
+                    offset: *watermark,
+                    reason: format!(
+                        "dispatcher {} adopts the group's mirrored record",
+                        self.instance_id
+                    ),
+                })
+                .await
+                .map_err(|status| DispatcherError::dependency("offset-svc", status))?;
+        }
+        tracing::info!(group = %key, partitions = recorded.len(), "resuming the group where its mirrored record says (its previous home's progress)");
         Ok(())
     }
 
@@ -709,7 +748,7 @@ impl Shared {
         if let Some((cluster, key)) = &mirrored
             && let Recorded::Moved(recorded) = cluster.mirror().read(cluster, key).await?
         {
-            self.raise_to_record(key, &recorded).await?;
+            self.adopt_record(key, &recorded).await?;
         }
         let Some(sessions) = self.stop_for_change(&keys, status).await else {
             return Err(DispatcherError::dependency(

@@ -11,8 +11,9 @@
 //!   a nested transaction guarded by its own home key (a group that lost its home writes
 //!   nothing, the others are unaffected).
 //!
-//! A new home raises its own offset-svc to the record (CAS-max) before it attaches the reader;
-//! a partition the record lacks starts at EARLIEST; a group without a record is new. With the
+//! A new home makes its own offset-svc hold the record before it attaches the reader (raised
+//! by CAS-max, lowered where it was ahead: the record may have been lowered by a reset through
+//! another instance); a partition the record lacks starts at EARLIEST; a group without a record is new. With the
 //! mirror off (`mirror_progress = false`) only the creation record is written, and a group that
 //! finds one starts at EARLIEST wherever its own offset-svc knows nothing.
 
