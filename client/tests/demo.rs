@@ -74,19 +74,21 @@ fn the_demo_counts_everything_through_a_dispatcher_crash_on_each_broker() {
         );
         check_dispatcher_crash(&summary, 1000);
     }
-    let rocketmq = eventmesh_testkit::RocketMq::start_own();
-    let summary = demo_on(
-        "dispatcher",
-        1000,
-        &[
-            "--uniform",
-            "--backend",
-            "rocketmq4",
-            "--rocketmq-namesrv",
-            rocketmq.namesrv(),
-        ],
-    );
-    check_dispatcher_crash(&summary, 1000);
+    for backend in ["rocketmq4", "rocketmq5"] {
+        let rocketmq = eventmesh_testkit::RocketMq::start_own();
+        let summary = demo_on(
+            "dispatcher",
+            1000,
+            &[
+                "--uniform",
+                "--backend",
+                backend,
+                "--rocketmq-namesrv",
+                rocketmq.namesrv(),
+            ],
+        );
+        check_dispatcher_crash(&summary, 1000);
+    }
 }
 
 fn check_dispatcher_crash(summary: &serde_json::Value, events: i64) {

@@ -3,6 +3,7 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::time::Duration;
 
 use clap::Parser;
 use eventmesh_common::config::{ConfigError, apply, load_file};
@@ -13,6 +14,7 @@ use crate::cursors::StartAt;
 use crate::local_log::LogSettings;
 use crate::storage::kafka::KafkaTuning;
 use crate::storage::rocketmq::client::RocketMqSettings;
+use crate::storage::rocketmq5::{DEFAULT_INVISIBLE_TIME, PopSettings};
 
 /// Which MQ backend the puller reads.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum, Deserialize)]
@@ -26,6 +28,9 @@ pub enum Backend {
     /// RocketMQ 4.x semantics: PULL from the puller's own cursors, through the name server
     /// at `rocketmq_namesrv`.
     Rocketmq4,
+    /// RocketMQ 5.x semantics: POP with the broker ACK deferred to the client's ACK, the POP
+    /// position kept on the puller's own cursors (docs/ROCKETMQ.md).
+    Rocketmq5,
 }
 
 /// Where a reader without a cursor or watermark starts.
@@ -70,12 +75,14 @@ pub struct Config {
     pub kafka_fetch_wait_ms: u32,
     /// Kafka: how long the producer gathers records per request, ms (`linger.ms`).
     pub kafka_linger_ms: u32,
-    /// RocketMQ name server(s) (`host:port;...`) for the `rocketmq4` backend.
+    /// RocketMQ name server(s) (`host:port;...`) for the `rocketmq4` and `rocketmq5` backends.
     pub rocketmq_namesrv: String,
     /// RocketMQ: the cluster whose masters get the topics the puller creates.
     pub rocketmq_cluster: String,
     /// RocketMQ: the largest message body the brokers accept (their `maxMessageSize`).
     pub rocketmq_max_message_bytes: usize,
+    /// RocketMQ 5: the invisible time asked with every POP, ms.
+    pub rocketmq_invisible_time_ms: u64,
     /// How often cursors are checkpointed, milliseconds (also at shutdown).
     pub checkpoint_interval_ms: u64,
     /// Where a reader with neither cursor nor watermark starts.
@@ -121,6 +128,7 @@ impl Default for Config {
             rocketmq_namesrv: "127.0.0.1:9876".into(),
             rocketmq_cluster: "DefaultCluster".into(),
             rocketmq_max_message_bytes: RocketMqSettings::DEFAULT_MAX_MESSAGE_BYTES,
+            rocketmq_invisible_time_ms: DEFAULT_INVISIBLE_TIME.as_millis() as u64,
             checkpoint_interval_ms: 5_000,
             start: Start::Earliest,
             default_partitions: 4,
@@ -157,6 +165,13 @@ impl Config {
             namesrv: self.rocketmq_namesrv.clone(),
             cluster: self.rocketmq_cluster.clone(),
             max_message_bytes: self.rocketmq_max_message_bytes,
+        }
+    }
+
+    /// The POP settings of the `rocketmq5` backend.
+    pub fn pop_settings(&self) -> PopSettings {
+        PopSettings {
+            invisible_time: Duration::from_millis(self.rocketmq_invisible_time_ms),
         }
     }
 
@@ -224,6 +239,9 @@ pub struct Args {
     /// RocketMQ brokers' maxMessageSize, bytes [default: 4194304].
     #[arg(long, env = "EM_PULLER_ROCKETMQ_MAX_MESSAGE_BYTES")]
     pub rocketmq_max_message_bytes: Option<usize>,
+    /// RocketMQ 5: invisible time of a popped message, ms [default: 300000].
+    #[arg(long, env = "EM_PULLER_ROCKETMQ_INVISIBLE_TIME_MS")]
+    pub rocketmq_invisible_time_ms: Option<u64>,
     /// Checkpoint interval, ms [default: 5000].
     #[arg(long, env = "EM_PULLER_CHECKPOINT_INTERVAL_MS")]
     pub checkpoint_interval_ms: Option<u64>,
@@ -283,6 +301,10 @@ impl Args {
         apply(
             &mut config.rocketmq_max_message_bytes,
             self.rocketmq_max_message_bytes,
+        );
+        apply(
+            &mut config.rocketmq_invisible_time_ms,
+            self.rocketmq_invisible_time_ms,
         );
         apply(
             &mut config.checkpoint_interval_ms,

@@ -15,6 +15,7 @@ use puller_svc::storage::Storage;
 use puller_svc::storage::kafka::KafkaStorage;
 use puller_svc::storage::local::LocalStorage;
 use puller_svc::storage::rocketmq4::RocketMq4Storage;
+use puller_svc::storage::rocketmq5::RocketMq5Storage;
 
 #[global_allocator]
 static ALLOCATOR: eventmesh_common::alloc::Allocator = eventmesh_common::alloc::ALLOCATOR;
@@ -54,6 +55,15 @@ async fn main() -> anyhow::Result<()> {
         Backend::Rocketmq4 => Arc::new(
             RocketMq4Storage::new(
                 config.rocketmq_settings(),
+                config.data_dir.clone(),
+                config.start.into(),
+            )
+            .await?,
+        ),
+        Backend::Rocketmq5 => Arc::new(
+            RocketMq5Storage::new(
+                config.rocketmq_settings(),
+                config.pop_settings(),
                 config.data_dir.clone(),
                 config.start.into(),
             )

@@ -21,6 +21,7 @@ pub mod kafka;
 pub mod local;
 pub mod rocketmq;
 pub mod rocketmq4;
+pub mod rocketmq5;
 
 use std::collections::BTreeMap;
 

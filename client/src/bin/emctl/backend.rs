@@ -14,6 +14,9 @@ pub enum Backend {
     /// RocketMQ, PULL from the puller's own cursors, through the name server at
     /// --rocketmq-namesrv.
     Rocketmq4,
+    /// RocketMQ, POP with the broker ACK after the client's ACK, through the name server at
+    /// --rocketmq-namesrv.
+    Rocketmq5,
 }
 
 #[derive(Debug, Args)]
@@ -24,7 +27,7 @@ pub struct BackendArgs {
     /// Kafka bootstrap servers (with --backend kafka).
     #[arg(long)]
     pub kafka_bootstrap: Option<String>,
-    /// RocketMQ name server, `host:port` (with --backend rocketmq4).
+    /// RocketMQ name server, `host:port` (with --backend rocketmq4 or rocketmq5).
     #[arg(long)]
     pub rocketmq_namesrv: Option<String>,
     /// Extra puller-svc flag (repeat; e.g. `--puller-arg=--sync-appends=true`).
@@ -50,11 +53,10 @@ impl BackendArgs {
                     .context("--backend kafka needs --kafka-bootstrap")?;
                 flags.extend(["--kafka-bootstrap".to_owned(), bootstrap]);
             }
-            Backend::Rocketmq4 => {
-                let namesrv = self
-                    .rocketmq_namesrv
-                    .clone()
-                    .context("--backend rocketmq4 needs --rocketmq-namesrv")?;
+            Backend::Rocketmq4 | Backend::Rocketmq5 => {
+                let namesrv = self.rocketmq_namesrv.clone().with_context(|| {
+                    format!("--backend {} needs --rocketmq-namesrv", self.name())
+                })?;
                 flags.extend(["--rocketmq-namesrv".to_owned(), namesrv]);
             }
         }

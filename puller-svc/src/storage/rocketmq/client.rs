@@ -182,6 +182,29 @@ struct Started {
     handle: std::sync::Arc<ClientInstanceHandle>,
 }
 
+/// A pooled handle (see [`RocketMqClient::lane`]).
+pub struct Lane<'c> {
+    client: &'c RocketMqClient,
+    handle: std::sync::Arc<ClientInstanceHandle>,
+}
+
+impl Lane<'_> {
+    /// The handle, to move into a call.
+    pub fn handle(&self) -> std::sync::Arc<ClientInstanceHandle> {
+        std::sync::Arc::clone(&self.handle)
+    }
+}
+
+impl Drop for Lane<'_> {
+    fn drop(&mut self) {
+        self.client
+            .lanes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(std::sync::Arc::clone(&self.handle));
+    }
+}
+
 /// The shared RocketMQ client (see the module docs).
 pub struct RocketMqClient {
     settings: RocketMqSettings,
@@ -190,6 +213,8 @@ pub struct RocketMqClient {
     spawner: tokio::runtime::Handle,
     started: tokio::sync::OnceCell<Started>,
     routes: Mutex<HashMap<Topic, CachedRoute>>,
+    /// Idle handles for [`RocketMqClient::lane`].
+    lanes: Mutex<Vec<std::sync::Arc<ClientInstanceHandle>>>,
     round_robin: AtomicUsize,
     /// Kept last: dropping it stops the client's runtime.
     _owner: RuntimeOwner,
@@ -239,6 +264,7 @@ impl RocketMqClient {
             spawner,
             started: tokio::sync::OnceCell::new(),
             routes: Mutex::new(HashMap::new()),
+            lanes: Mutex::new(Vec::new()),
             round_robin: AtomicUsize::new(0),
             _owner: owner,
         })
@@ -344,6 +370,25 @@ impl RocketMqClient {
     /// The started name-server/broker handle.
     pub async fn handle(&self) -> Result<std::sync::Arc<ClientInstanceHandle>, StorageError> {
         Ok(std::sync::Arc::clone(&self.started().await?.handle))
+    }
+
+    /// A handle of its own on the same client instance, from a pool: every handle serialises
+    /// its calls (one operation gate per handle), so a long-polling POP must not share one with
+    /// other reads or with ACKs. The handle goes back to the pool when the lease is dropped.
+    pub async fn lane(&self) -> Result<Lane<'_>, StorageError> {
+        self.started().await?;
+        let pooled = self.lanes.lock().unwrap_or_else(|p| p.into_inner()).pop();
+        let handle = match pooled {
+            Some(handle) => handle,
+            None => std::sync::Arc::new(
+                ClientInstanceHandle::get_or_create(&self.runtime, 1, self.config(), None)
+                    .map_err(|err| unavailable("client instance", &err))?,
+            ),
+        };
+        Ok(Lane {
+            client: self,
+            handle,
+        })
     }
 
     /// The topic's route (cached for [`ROUTE_TTL`]); NOT_FOUND when it has none.

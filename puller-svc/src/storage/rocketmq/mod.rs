@@ -3,5 +3,7 @@
 //! rules, and the conversion of messages in and out.
 
 pub mod client;
+pub mod epochs;
 pub mod message;
 pub mod names;
+pub mod reads;

@@ -1,8 +1,10 @@
-//! The real puller-svc binary on `rocketmq4` over two real brokers, next to a real offset-svc:
-//! a group reads every queue, its dispatcher settles each queue to a different watermark (ACKs
+//! The real puller-svc binary on `rocketmq4` and on `rocketmq5` over two real brokers, next to
+//! a real offset-svc: a group reads every queue, its dispatcher settles each queue to a different watermark (ACKs
 //! out of order), the puller is killed with `kill -9` after checkpointing cursors past all of
 //! it; after the restart exactly the un-settled messages come back, each from its own
-//! `broker:queue` — never a neighbour's (the reference rewound a flattened queue index).
+//! `broker:queue` — never a neighbour's (the reference rewound a flattened queue index). On
+//! `rocketmq5` the brokers' POP positions stay past everything and the broker never revives
+//! an un-ACKed POP: the restarted puller must set them back to its rewound cursors.
 
 #![allow(clippy::unwrap_used)] // tests: a failed unwrap is a failed test
 
@@ -19,7 +21,7 @@ use eventmesh_proto::puller::{self as pb};
 use eventmesh_testkit::RocketMq;
 use support::binary::Puller;
 
-const TOPIC: &str = "em-rmq4-crash";
+const TOPIC: &str = "em-rmq-crash";
 const PER_QUEUE: i64 = 10;
 
 fn event(id: &str) -> Bytes {
@@ -70,7 +72,16 @@ async fn drain(puller: &mut Puller, group: &str) -> BTreeSet<(String, i64, Strin
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn kill_minus_nine_brings_back_exactly_the_unsettled_messages_of_each_queue() {
+async fn kill_minus_nine_brings_back_exactly_the_unsettled_messages_of_each_queue_rocketmq4() {
+    kill_minus_nine_brings_back_exactly_the_unsettled_messages("rocketmq4").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn kill_minus_nine_brings_back_exactly_the_unsettled_messages_of_each_queue_rocketmq5() {
+    kill_minus_nine_brings_back_exactly_the_unsettled_messages("rocketmq5").await;
+}
+
+async fn kill_minus_nine_brings_back_exactly_the_unsettled_messages(backend_name: &str) {
     let rocketmq = RocketMq::start_own();
     rocketmq.start_broker("broker-b");
     let (offsets, offset_channel) = support::memory_offset_svc().await;
@@ -78,7 +89,7 @@ async fn kill_minus_nine_brings_back_exactly_the_unsettled_messages_of_each_queu
     let dir = tempfile::tempdir().unwrap();
     let backend = [
         "--backend",
-        "rocketmq4",
+        backend_name,
         "--rocketmq-namesrv",
         rocketmq.namesrv(),
     ];
@@ -115,7 +126,9 @@ async fn kill_minus_nine_brings_back_exactly_the_unsettled_messages_of_each_queu
     let first = drain(&mut puller, "g").await;
     assert_eq!(first, sent, "every message once, from its own queue");
     // The cursors past everything are checkpointed before the crash.
-    let checkpoint = dir.path().join("rocketmq4-pull-offsets@g.properties");
+    let checkpoint = dir
+        .path()
+        .join(format!("{backend_name}-pull-offsets@g.properties"));
     let written = |text: &str| {
         queues
             .iter()

@@ -1,0 +1,315 @@
+//! The `rocketmq5` backend against a real name server and broker (rocketmq-rust 1.0.0, started
+//! by `scripts/rocketmq.sh`): POP from our own cursors, one broker group per subscription
+//! group, the broker ACK from a record's receipt, and the POP position set back to the cursor
+//! wherever the broker's has moved on (a restart that rewound to the watermark, a dispatcher
+//! that re-attached lower), so nothing un-ACKed is skipped although this broker never revives
+//! an un-ACKed POP.
+
+#![allow(clippy::unwrap_used)] // tests: a failed unwrap is a failed test
+
+mod support;
+
+use support::{event, ids, limits, poll_n, reader};
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use eventmesh_common::keys::{PartitionId, Topic};
+use eventmesh_testkit::RocketMq;
+use puller_svc::cursors::{Alignment, StartAt};
+use puller_svc::storage::rocketmq::client::RocketMqSettings;
+use puller_svc::storage::rocketmq5::{PopSettings, RocketMq5Storage};
+use puller_svc::storage::{AckPulledOutcome, Selection, Storage, StorageError};
+
+fn queue(broker: &str, id: u32) -> PartitionId {
+    PartitionId::queue(broker, id).unwrap()
+}
+
+async fn storage_at(namesrv: &str, dir: &std::path::Path) -> RocketMq5Storage {
+    RocketMq5Storage::new(
+        RocketMqSettings::new(namesrv),
+        PopSettings::default(),
+        dir,
+        StartAt::Earliest,
+    )
+    .await
+    .unwrap()
+}
+
+async fn send_all(storage: &RocketMq5Storage, topic: &Topic, count: usize) {
+    for i in 0..count {
+        storage
+            .send(topic, Bytes::new(), event(&format!("e{i}")), None)
+            .await
+            .unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rocketmq5_backend_against_a_real_broker() {
+    let rocketmq = RocketMq::get();
+    let namesrv = rocketmq.namesrv();
+    pops_per_group_and_acks_at_the_broker(namesrv).await;
+    a_restart_and_a_lower_attach_pop_again_from_the_cursor(namesrv).await;
+    a_position_past_the_end_is_reported(namesrv).await;
+    lite_channels_are_refused(namesrv).await;
+}
+
+async fn pops_per_group_and_acks_at_the_broker(namesrv: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let storage = storage_at(namesrv, dir.path()).await;
+    let topic = Topic::new("em-rmq5-pop").unwrap();
+    assert!(storage.create_topic(&topic, 2).await.unwrap());
+    send_all(&storage, &topic, 10).await;
+
+    let fast = reader(Some("fast"), &topic);
+    let batch = poll_n(&storage, &fast, 10).await;
+    let mut got = ids(&batch);
+    got.sort();
+    let mut want: Vec<String> = (0..10).map(|i| format!("e{i}")).collect();
+    want.sort();
+    assert_eq!(got, want, "every message once");
+    for record in &batch.records {
+        assert!(
+            record.partition == queue("broker-a", 0) || record.partition == queue("broker-a", 1),
+            "{}",
+            record.partition
+        );
+        let receipt = record.ack_key.as_deref().expect("a POP receipt per record");
+        assert!(receipt.contains("broker-a"), "{receipt}");
+    }
+    // Per queue, offsets follow each other from the queue's start: read from our cursors.
+    for id in 0..2 {
+        let offsets: Vec<i64> = batch
+            .records
+            .iter()
+            .filter(|r| r.partition == queue("broker-a", id))
+            .map(|r| r.offset)
+            .collect();
+        assert_eq!(offsets, (0..offsets.len() as i64).collect::<Vec<_>>());
+    }
+
+    // Another group pops the same messages under its own broker group.
+    let slow = reader(Some("slow"), &topic);
+    assert_eq!(ids(&poll_n(&storage, &slow, 3).await).len(), 3);
+
+    // The broker ACK, from the receipt alone; a receipt that is not one is named unknown.
+    for record in &batch.records {
+        let outcome = storage
+            .ack_pulled(&fast, record.ack_key.as_deref().unwrap())
+            .await
+            .unwrap();
+        assert_eq!(outcome, AckPulledOutcome::Acked);
+    }
+    assert_eq!(
+        storage.ack_pulled(&fast, "not a receipt").await.unwrap(),
+        AckPulledOutcome::UnknownKey
+    );
+    // Nothing is left for the fast group.
+    let after = storage
+        .poll(&fast, &Selection::All, limits(10))
+        .await
+        .unwrap();
+    assert!(after.records.is_empty(), "{:?}", ids(&after));
+}
+
+async fn a_restart_and_a_lower_attach_pop_again_from_the_cursor(namesrv: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let storage = storage_at(namesrv, dir.path()).await;
+    let topic = Topic::new("em-rmq5-rewind").unwrap();
+    storage.create_topic(&topic, 1).await.unwrap();
+    send_all(&storage, &topic, 10).await;
+    let group = reader(Some("g"), &topic);
+    assert_eq!(ids(&poll_n(&storage, &group, 10).await).len(), 10);
+
+    // The puller restarts; the ACK watermark is 4 (nothing above it was ACKed): the cursor
+    // rewinds to 5 while the broker's POP position for the group stays at 10, and nothing
+    // there is ever revived. The messages must come again.
+    storage.checkpoint().await.unwrap();
+    drop(storage);
+    let storage = storage_at(namesrv, dir.path()).await;
+    assert_eq!(
+        storage
+            .align_pull_offset(&group, &queue("broker-a", 0), Some(4))
+            .await
+            .unwrap(),
+        Alignment::Rewound {
+            from: Some(10),
+            to: 5
+        }
+    );
+    assert_eq!(
+        ids(&poll_n(&storage, &group, 5).await),
+        ["e5", "e6", "e7", "e8", "e9"]
+    );
+
+    // A dispatcher re-attaches lower (its watermark is 1) in the same process.
+    let lower = Selection::Positioned([(queue("broker-a", 0), 2)].into());
+    let batch = storage.poll(&group, &lower, limits(3)).await.unwrap();
+    let mut got = ids(&batch);
+    if got.is_empty() {
+        got = ids(&poll_n(&storage, &group, 3).await);
+    }
+    assert_eq!(got, ["e2", "e3", "e4"]);
+
+    // New messages follow on, each once.
+    storage
+        .send(&topic, Bytes::new(), event("later"), None)
+        .await
+        .unwrap();
+    assert_eq!(
+        ids(&poll_n(&storage, &group, 6).await),
+        ["e5", "e6", "e7", "e8", "e9", "later"]
+    );
+}
+
+async fn a_position_past_the_end_is_reported(namesrv: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let storage = storage_at(namesrv, dir.path()).await;
+    let topic = Topic::new("em-rmq5-past-end").unwrap();
+    storage.create_topic(&topic, 1).await.unwrap();
+    send_all(&storage, &topic, 2).await;
+    let group = reader(Some("g"), &topic);
+    let positioned = Selection::Positioned([(queue("broker-a", 0), 6)].into());
+    let batch = storage.poll(&group, &positioned, limits(10)).await.unwrap();
+    assert!(batch.records.is_empty(), "nothing is read past the end");
+    let past = batch.past_end.first().expect("reported");
+    assert_eq!((past.position, past.log_start, past.log_end), (6, 0, 2));
+    let rewound = Selection::Positioned([(queue("broker-a", 0), 0)].into());
+    let batch = storage.poll(&group, &rewound, limits(10)).await.unwrap();
+    let mut got = ids(&batch);
+    if got.len() < 2 {
+        got.extend(ids(&poll_n(&storage, &group, 2 - got.len()).await));
+    }
+    assert_eq!(got, ["e0", "e1"]);
+}
+
+async fn lite_channels_are_refused(namesrv: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let storage = storage_at(namesrv, dir.path()).await;
+    let topic = Topic::new("em-rmq5-lite").unwrap();
+    let refused = storage.create_lite(&topic, "lite-1").await.unwrap_err();
+    assert!(matches!(refused, StorageError::Invalid(_)), "{refused}");
+    assert!(refused.to_string().contains("rocketmq5"), "{refused}");
+}
+
+/// Canaries: the broker and client defects `rocketmq5` works around, asserted as they are
+/// today. When one fails, the defect is fixed: drop its workaround (docs/ROCKETMQ.md).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn canaries_of_the_defects_worked_around() {
+    use cheetah_string::CheetahString;
+    use rocketmq_protocol::protocol::header::namesrv::topic_operation_header::TopicRequestHeader;
+    use rocketmq_protocol::protocol::header::pop_message_request_header::PopMessageRequestHeader;
+    use rocketmq_protocol::protocol::header::reset_offset_request_header::ResetOffsetRequestHeader;
+    use rocketmq_protocol::{RemotingCommand, RequestCode, RpcRequestHeader};
+
+    let rocketmq = RocketMq::get();
+    let dir = tempfile::tempdir().unwrap();
+    let storage = storage_at(rocketmq.namesrv(), dir.path()).await;
+    let topic = Topic::new("em-rmq5-canary").unwrap();
+    storage.create_topic(&topic, 1).await.unwrap();
+    let handle = storage.client().handle().await.unwrap();
+    let route = storage.client().route(&topic).await.unwrap();
+    let addr: CheetahString = route.master("broker-a").unwrap().into();
+    let broker: CheetahString = "broker-a".into();
+    let pop = |group: &str, max: u32| PopMessageRequestHeader {
+        consumer_group: group.into(),
+        topic: topic.as_str().into(),
+        queue_id: 0,
+        max_msg_nums: max,
+        invisible_time: 60_000,
+        poll_time: 0,
+        born_time: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis() as u64,
+        init_mode: 0,
+        exp_type: Some("TAG".into()),
+        exp: Some("*".into()),
+        order: Some(false),
+        attempt_id: None,
+        topic_request_header: Some(TopicRequestHeader {
+            lo: None,
+            rpc: Some(RpcRequestHeader {
+                broker_name: Some(broker.clone()),
+                ..RpcRequestHeader::default()
+            }),
+        }),
+    };
+    let client = storage.client();
+    let timeout = Duration::from_secs(10);
+
+    // 1. The client cannot decode an empty POP (code 210 without a response header).
+    let (h, a, b, header) = (
+        handle.clone(),
+        addr.clone(),
+        broker.clone(),
+        pop("em-canary-1", 1),
+    );
+    let empty = client
+        .call("canary", timeout, async move {
+            Ok(h.pop_message(&b, &a, header, 5_000).await)
+        })
+        .await
+        .unwrap();
+    let Err(err) = empty else {
+        panic!("the client decoded an empty POP: drop the raw POP decoding");
+    };
+    assert!(err.to_string().contains("serialization"), "{err}");
+
+    // 2. A POP position is not moved back once the group popped the queue: the reset is
+    // accepted, the next POP finds nothing. Not in every try (how far the broker got with the
+    // POP's check point decides), so ten groups try; a broker that honours every reset fails.
+    send_all(&storage, &topic, 3).await;
+    let mut kept_position = 0;
+    for round in 0..10 {
+        let group = format!("em-canary-reset-{round}");
+        let pop_code = |group: &str| {
+            let (h, a, header) = (handle.clone(), addr.clone(), pop(group, 3));
+            client.call("canary", timeout, async move {
+                let request =
+                    RemotingCommand::create_request_command(RequestCode::PopMessage, header);
+                Ok(h.invoke_remoting(&a, request, 5_000).await.unwrap().code())
+            })
+        };
+        assert_eq!(
+            pop_code(&group).await.unwrap(),
+            0,
+            "the first POP finds the messages"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let (h, a, topic_name, reset_group) = (
+            handle.clone(),
+            addr.clone(),
+            topic.to_string(),
+            group.clone(),
+        );
+        let reset = client
+            .call("canary", timeout, async move {
+                let request = RemotingCommand::create_request_command(
+                    RequestCode::InvokeBrokerToResetOffset,
+                    ResetOffsetRequestHeader {
+                        topic: topic_name.as_str().into(),
+                        group: reset_group.as_str().into(),
+                        queue_id: 0,
+                        offset: Some(0),
+                        timestamp: 0,
+                        is_force: true,
+                        topic_request_header: None,
+                    },
+                );
+                Ok(h.invoke_remoting(&a, request, 5_000).await.unwrap().code())
+            })
+            .await
+            .unwrap();
+        assert_eq!(reset, 0, "the broker accepts the reset");
+        if pop_code(&group).await.unwrap() == 210 {
+            kept_position += 1;
+        }
+    }
+    assert!(
+        kept_position > 0,
+        "every POP after a reset found the messages: the broker honours resets (epochs may go)"
+    );
+    eprintln!("the broker kept its POP position after a reset in {kept_position} of 10 tries");
+}
