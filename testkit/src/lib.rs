@@ -313,12 +313,42 @@ fn stop_with(name: &str, dir: &Path) {
 /// Sends `signal` to the process whose pid `pid_file` holds.
 fn send_signal(pid_file: &Path, signal: &str) {
     let pid = std::fs::read_to_string(pid_file).expect("a pid file");
-    let status = Command::new("kill").arg(signal).arg(pid.trim()).status();
-    assert!(
-        status.is_ok_and(|s| s.success()),
-        "kill {signal} {}",
-        pid.trim()
-    );
+    let pid = pid.trim();
+    let status = Command::new("kill").arg(signal).arg(pid).status();
+    assert!(status.is_ok_and(|s| s.success()), "kill {signal} {pid}");
+    if signal == "-STOP" {
+        wait_stopped(pid);
+    }
+}
+
+/// Waits until every thread of `pid` is stopped: `kill` returns once the signal is sent, and
+/// a thread running on another core may still answer a request before it stops.
+fn wait_stopped(pid: &str) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    let tasks = Path::new("/proc").join(pid).join("task");
+    loop {
+        let running = std::fs::read_dir(&tasks)
+            .map(|entries| {
+                entries.filter_map(Result::ok).any(|task| {
+                    let stat =
+                        std::fs::read_to_string(task.path().join("stat")).unwrap_or_default();
+                    // The state follows the command name, which ends with the last ')'.
+                    let state = stat
+                        .rsplit_once(')')
+                        .and_then(|(_, rest)| rest.trim_start().chars().next());
+                    !matches!(state, Some('T' | 't') | None)
+                })
+            })
+            .unwrap_or(false);
+        if !running {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "process {pid} did not stop"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
 }
 
 /// A script of the checkout being tested (`scripts/<name>`), found at run time: from the package
