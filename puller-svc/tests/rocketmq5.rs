@@ -58,7 +58,7 @@ async fn rocketmq5_backend_against_a_real_broker() {
 async fn pops_per_group_and_acks_at_the_broker(namesrv: &str) {
     let dir = tempfile::tempdir().unwrap();
     let storage = storage_at(namesrv, dir.path()).await;
-    let topic = Topic::new("em-rmq5-pop").unwrap();
+    let topic = Topic::new(format!("em-rmq5-pop-{}", std::process::id())).unwrap();
     assert!(storage.create_topic(&topic, 2).await.unwrap());
     send_all(&storage, &topic, 10).await;
 
@@ -116,7 +116,7 @@ async fn pops_per_group_and_acks_at_the_broker(namesrv: &str) {
 async fn a_restart_and_a_lower_attach_pop_again_from_the_cursor(namesrv: &str) {
     let dir = tempfile::tempdir().unwrap();
     let storage = storage_at(namesrv, dir.path()).await;
-    let topic = Topic::new("em-rmq5-rewind").unwrap();
+    let topic = Topic::new(format!("em-rmq5-rewind-{}", std::process::id())).unwrap();
     storage.create_topic(&topic, 1).await.unwrap();
     send_all(&storage, &topic, 10).await;
     let group = reader(Some("g"), &topic);
@@ -166,7 +166,7 @@ async fn a_restart_and_a_lower_attach_pop_again_from_the_cursor(namesrv: &str) {
 async fn a_position_past_the_end_is_reported(namesrv: &str) {
     let dir = tempfile::tempdir().unwrap();
     let storage = storage_at(namesrv, dir.path()).await;
-    let topic = Topic::new("em-rmq5-past-end").unwrap();
+    let topic = Topic::new(format!("em-rmq5-past-end-{}", std::process::id())).unwrap();
     storage.create_topic(&topic, 1).await.unwrap();
     send_all(&storage, &topic, 2).await;
     let group = reader(Some("g"), &topic);
@@ -187,7 +187,7 @@ async fn a_position_past_the_end_is_reported(namesrv: &str) {
 async fn lite_channels_are_refused(namesrv: &str) {
     let dir = tempfile::tempdir().unwrap();
     let storage = storage_at(namesrv, dir.path()).await;
-    let topic = Topic::new("em-rmq5-lite").unwrap();
+    let topic = Topic::new(format!("em-rmq5-lite-{}", std::process::id())).unwrap();
     let refused = storage.create_lite(&topic, "lite-1").await.unwrap_err();
     assert!(matches!(refused, StorageError::Invalid(_)), "{refused}");
     assert!(refused.to_string().contains("rocketmq5"), "{refused}");
@@ -206,7 +206,7 @@ async fn canaries_of_the_defects_worked_around() {
     let rocketmq = RocketMq::get();
     let dir = tempfile::tempdir().unwrap();
     let storage = storage_at(rocketmq.namesrv(), dir.path()).await;
-    let topic = Topic::new("em-rmq5-canary").unwrap();
+    let topic = Topic::new(format!("em-rmq5-canary-{}", std::process::id())).unwrap();
     storage.create_topic(&topic, 1).await.unwrap();
     let handle = storage.client().handle().await.unwrap();
     let route = storage.client().route(&topic).await.unwrap();
@@ -263,7 +263,7 @@ async fn canaries_of_the_defects_worked_around() {
     send_all(&storage, &topic, 3).await;
     let mut kept_position = 0;
     for round in 0..10 {
-        let group = format!("em-canary-reset-{round}");
+        let group = format!("em-canary-reset-{}-{round}", std::process::id());
         let pop_code = |group: &str| {
             let (h, a, header) = (handle.clone(), addr.clone(), pop(group, 3));
             client.call("canary", timeout, async move {

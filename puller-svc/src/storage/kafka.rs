@@ -789,28 +789,11 @@ impl Storage for KafkaStorage {
         topic: &Topic,
         records: Vec<NewRecord>,
     ) -> Result<Vec<Result<Appended, StorageError>>, StorageError> {
-        let known = self.known_topics().contains(topic);
-        let mut records = records.into_iter();
-        let mut results = Vec::with_capacity(records.len());
-        if !known {
-            // A topic not produced to yet (maybe just created): its first record goes alone,
-            // to find out whether the topic exists and to refresh librdkafka's metadata cache,
-            // so the rest do not all fail on a stale "unknown topic" and the batch keeps its
-            // order. Unknown: nothing was stored, the batch fails as a whole.
-            let Some(first) = records.next() else {
-                return Ok(results);
-            };
-            match self
-                .send(topic, first.key, first.body, first.partition)
-                .await
-            {
-                Err(StorageError::UnknownTopic(name)) => {
-                    return Err(StorageError::UnknownTopic(name));
-                }
-                first => results.push(first),
-            }
+        if !self.known_topics().contains(topic) {
+            // A topic not produced to yet: librdkafka's metadata cache may not know it.
+            return super::send_first_alone(self, topic, records).await;
         }
-        results.extend(super::send_each(self, topic, records).await);
+        let results = super::send_each(self, topic, records).await;
         super::whole_batch_unknown(topic, results)
     }
 

@@ -240,6 +240,31 @@ pub(crate) async fn send_each<S: Storage + ?Sized>(
     futures::future::join_all(sends).await
 }
 
+/// Sends the first record alone, then the rest at once: for a topic a client has not produced
+/// to yet (maybe just created), so the first send finds out whether it exists and refreshes the
+/// client's metadata, and the rest do not all fail on a stale "unknown topic". Unknown: nothing
+/// was stored, the batch fails as a whole.
+pub(crate) async fn send_first_alone<S: Storage + ?Sized>(
+    storage: &S,
+    topic: &Topic,
+    records: Vec<NewRecord>,
+) -> Result<Vec<Result<Appended, StorageError>>, StorageError> {
+    let mut records = records.into_iter();
+    let mut results = Vec::with_capacity(records.len());
+    let Some(first) = records.next() else {
+        return Ok(results);
+    };
+    match storage
+        .send(topic, first.key, first.body, first.partition)
+        .await
+    {
+        Err(StorageError::UnknownTopic(name)) => return Err(StorageError::UnknownTopic(name)),
+        first => results.push(first),
+    }
+    results.extend(send_each(storage, topic, records).await);
+    whole_batch_unknown(topic, results)
+}
+
 /// Lite channels on a backend that has none (they need `local` or `rocketmq5`).
 fn lite_unsupported(backend: &str) -> StorageError {
     StorageError::Invalid(format!(

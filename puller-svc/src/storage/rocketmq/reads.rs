@@ -439,6 +439,19 @@ macro_rules! rocketmq_storage {
                 self.inner.reads.send(topic, key, body, partition).await
             }
 
+            /// The first record alone (the producer's route for a new topic is refreshed by
+            /// it), then the rest at once.
+            async fn send_batch(
+                &self,
+                topic: &eventmesh_common::keys::Topic,
+                records: Vec<$crate::storage::NewRecord>,
+            ) -> Result<
+                Vec<Result<$crate::storage::Appended, $crate::storage::StorageError>>,
+                $crate::storage::StorageError,
+            > {
+                $crate::storage::send_first_alone(self, topic, records).await
+            }
+
             /// A poll that finds nothing holds one read per queue at the broker (long
             /// polling).
             fn waits_in_poll(&self) -> bool {
