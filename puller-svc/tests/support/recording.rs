@@ -2,6 +2,7 @@
 //! broker ACK the puller made through it. It changes nothing: every call goes to the backend
 //! and its answer comes back as it was. Claims about the broker come from the broker itself.
 
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
@@ -38,6 +39,8 @@ pub enum Call {
 pub struct RecordingStorage {
     inner: Arc<dyn Storage>,
     calls: Mutex<Vec<Call>>,
+    /// The `(partition, offset)` of each polled record that carried a broker-ACK key.
+    ack_keys: Mutex<HashMap<String, (String, i64)>>,
 }
 
 impl RecordingStorage {
@@ -46,6 +49,7 @@ impl RecordingStorage {
         Arc::new(RecordingStorage {
             inner,
             calls: Mutex::new(Vec::new()),
+            ack_keys: Mutex::new(HashMap::new()),
         })
     }
 
@@ -63,6 +67,11 @@ impl RecordingStorage {
                 _ => Vec::new(),
             })
             .collect()
+    }
+
+    /// The `(partition, offset)` of the polled record whose broker-ACK key is `ack_key`.
+    pub fn acked_record(&self, ack_key: &str) -> Option<(String, i64)> {
+        self.ack_keys.lock().unwrap().get(ack_key).cloned()
     }
 
     fn record(&self, call: Call) {
@@ -133,6 +142,13 @@ impl Storage for RecordingStorage {
     ) -> Result<PolledBatch, StorageError> {
         let batch = self.inner.poll(reader, selection, limits).await?;
         if !batch.records.is_empty() {
+            let mut keys = self.ack_keys.lock().unwrap();
+            for record in &batch.records {
+                if let Some(key) = &record.ack_key {
+                    keys.insert(key.clone(), (record.partition.to_string(), record.offset));
+                }
+            }
+            drop(keys);
             self.record(Call::Poll {
                 group: reader.group.as_ref().map(|g| g.to_string()),
                 topic: reader.topic.to_string(),
