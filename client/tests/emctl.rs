@@ -144,7 +144,105 @@ async fn publish_subscribe_offsets_and_a_confirmed_reset() {
     let output = emctl(&instance, &["publish", "--topic", "bad#topic"], "");
     assert!(!output.status.success());
     assert!(String::from_utf8_lossy(&output.stderr).contains("topic"));
+    // The local log has no brokers to ask.
+    let output = emctl(&instance, &["rocketmq-check", "--topic", "cli"], "");
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("the local backend has no broker storage"),
+        "{stderr}"
+    );
 
+    instance.stop(std::time::Duration::from_secs(10)).await;
+}
+
+/// `emctl rocketmq-check` on `rocketmq4` against a real broker: the commit log, its settings and
+/// each consume queue as the broker reports them, beside the group's watermark and cursor; a
+/// healthy broker gives no warning (exit 0).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rocketmq_check_reads_the_brokers_storage_beside_our_positions() {
+    let rocketmq = eventmesh_testkit::RocketMq::get();
+    let dir = tempfile::tempdir().unwrap();
+    let emctl_dir = Path::new(env!("CARGO_BIN_EXE_emctl")).parent().unwrap();
+    let mut config = LocalConfig::new(dir.path()).args(
+        Service::Puller,
+        [
+            "--backend",
+            "rocketmq4",
+            "--rocketmq-namesrv",
+            rocketmq.namesrv(),
+            "--auto-create-topics",
+            "true",
+        ],
+    );
+    config.bin_dir = Some(emctl_dir.to_owned());
+    let instance = LocalInstance::start(config).await.unwrap();
+    let topic = format!("em-check-{}", std::process::id());
+    ok(&emctl(
+        &instance,
+        &["publish", "--topic", &topic, "--count", "12"],
+        "",
+    ));
+    ok(&emctl(
+        &instance,
+        &[
+            "subscribe",
+            "--topic",
+            &topic,
+            "--group",
+            "g",
+            "--start",
+            "earliest",
+            "--count",
+            "12",
+        ],
+        "",
+    ));
+    let table = ok(&emctl(
+        &instance,
+        &["rocketmq-check", "--topic", &topic],
+        "",
+    ));
+    eprintln!("{table}");
+    assert!(table.contains("on rocketmq4"), "{table}");
+    assert!(table.contains("fileReservedTime 72 h"), "{table}");
+    assert!(table.contains(": in step"), "{table}");
+    assert!(table.contains("no warnings"), "{table}");
+    let check: serde_json::Value = serde_json::from_str(&ok(&emctl(
+        &instance,
+        &["rocketmq-check", "--topic", &topic, "--json"],
+        "",
+    )))
+    .unwrap();
+    assert_eq!(check["warnings"].as_array().unwrap().len(), 0, "{check}");
+    let broker = &check["brokers"][0];
+    let commit_log_min = broker["commit_log_min_offset"].as_i64().unwrap();
+    let queues = check["queues"].as_array().unwrap();
+    let mut total = 0;
+    for queue in queues {
+        let (min, max) = (
+            queue["min_offset"].as_i64().unwrap(),
+            queue["max_offset"].as_i64().unwrap(),
+        );
+        total += max - min;
+        if max > min {
+            let position = queue["min_entry_commit_log_offset"].as_i64().unwrap();
+            assert!(position >= commit_log_min, "{check}");
+            // Everything was ACKed: the watermark is the last offset, the cursor past it.
+            assert_eq!(queue["watermarks"]["g"].as_i64(), Some(max - 1), "{check}");
+            assert_eq!(queue["cursors"]["g"].as_i64(), Some(max), "{check}");
+        }
+    }
+    assert_eq!(total, 12, "{check}");
+
+    let output = emctl(
+        &instance,
+        &["rocketmq-check", "--topic", "em-check-missing"],
+        "",
+    );
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("em-check-missing"), "{stderr}");
     instance.stop(std::time::Duration::from_secs(10)).await;
 }
 

@@ -761,6 +761,40 @@ impl PullerService for PullerGrpc {
         Ok(Response::new(pb::EndOffsetsResponse { partitions }))
     }
 
+    async fn describe_broker_storage(
+        &self,
+        request: Request<pb::DescribeBrokerStorageRequest>,
+    ) -> Result<Response<pb::DescribeBrokerStorageResponse>, Status> {
+        let topic = parse_topic("topic", &request.get_ref().topic)?;
+        let report = self.storage.describe_broker_storage(&topic).await?;
+        Ok(Response::new(pb::DescribeBrokerStorageResponse {
+            backend: self.storage.backend().to_owned(),
+            brokers: report
+                .brokers
+                .into_iter()
+                .map(|b| pb::BrokerStorage {
+                    broker: b.broker,
+                    address: b.address,
+                    commit_log_min_offset: b.commit_log_min_offset,
+                    commit_log_max_offset: b.commit_log_max_offset,
+                    file_reserved_hours: b.file_reserved_hours.unwrap_or(-1),
+                    delete_when: b.delete_when.unwrap_or_default(),
+                    commit_log_disk_ratio: b.commit_log_disk_ratio.unwrap_or(-1.0),
+                })
+                .collect(),
+            queues: report
+                .queues
+                .into_iter()
+                .map(|q| pb::QueueStorage {
+                    partition: q.partition.to_string(),
+                    min_offset: q.min_offset,
+                    max_offset: q.max_offset,
+                    min_entry_commit_log_offset: q.min_entry_commit_log_offset.unwrap_or(-1),
+                })
+                .collect(),
+        }))
+    }
+
     async fn cursors(
         &self,
         request: Request<pb::CursorsRequest>,

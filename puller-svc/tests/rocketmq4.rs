@@ -23,6 +23,11 @@ use puller_svc::storage::rocketmq::names::PULL_GROUP;
 use puller_svc::storage::rocketmq4::RocketMq4Storage;
 use puller_svc::storage::{Selection, Storage, StorageError};
 
+/// `name` made this process's own: a broker shared between test runs keeps its topics.
+fn unique(name: &str) -> String {
+    format!("{name}-{}", std::process::id())
+}
+
 fn queue(broker: &str, id: u32) -> PartitionId {
     PartitionId::queue(broker, id).unwrap()
 }
@@ -97,12 +102,13 @@ async fn rocketmq4_backend_against_a_real_broker() {
     keys_land_where_java_puts_them(namesrv).await;
     a_position_past_the_end_is_reported(namesrv).await;
     publish_and_pull_through_the_grpc_service(namesrv).await;
+    the_brokers_describe_the_topics_storage(namesrv).await;
 }
 
 async fn stamps_foreign_bodies_and_checkpoints(namesrv: &str) {
     let dir = tempfile::tempdir().unwrap();
     let storage = storage_at(namesrv, dir.path()).await;
-    let topic = Topic::new("em-rmq4-mixed").unwrap();
+    let topic = Topic::new(unique("em-rmq4-mixed")).unwrap();
     assert!(storage.create_topic(&topic, 2).await.unwrap());
     assert!(!storage.create_topic(&topic, 2).await.unwrap(), "exists");
     assert_eq!(storage.partition_count(&topic).await.unwrap(), 2);
@@ -153,7 +159,7 @@ async fn stamps_foreign_bodies_and_checkpoints(namesrv: &str) {
     );
     assert_eq!(
         opaque.attribute("id"),
-        Some(format!("em-rmq4-mixed/broker-a:1/{}", sent.offset + 2).as_str())
+        Some(format!("{topic}/broker-a:1/{}", sent.offset + 2).as_str())
     );
 
     // The cursor file is written atomically, names the queue, and is reloaded.
@@ -161,7 +167,7 @@ async fn stamps_foreign_bodies_and_checkpoints(namesrv: &str) {
     let file =
         std::fs::read_to_string(dir.path().join("rocketmq4-pull-offsets.properties")).unwrap();
     assert!(
-        file.contains(&format!("em-rmq4-mixed\\#broker-a\\:1={}", sent.offset + 3)),
+        file.contains(&format!("{topic}\\#broker-a\\:1={}", sent.offset + 3)),
         "{file}"
     );
     drop(storage);
@@ -198,7 +204,7 @@ async fn stamps_foreign_bodies_and_checkpoints(namesrv: &str) {
 async fn groups_are_independent_and_alignment_repulls(namesrv: &str) {
     let dir = tempfile::tempdir().unwrap();
     let storage = storage_at(namesrv, dir.path()).await;
-    let topic = Topic::new("em-rmq4-groups").unwrap();
+    let topic = Topic::new(unique("em-rmq4-groups")).unwrap();
     storage.create_topic(&topic, 1).await.unwrap();
     for i in 0..10 {
         storage
@@ -239,6 +245,56 @@ async fn groups_are_independent_and_alignment_repulls(namesrv: &str) {
     );
 }
 
+/// What bounds storage, read from the broker: its commit log and settings, each queue's range
+/// and the commit-log position of its lowest entry (inside the commit log: trimmed in step).
+async fn the_brokers_describe_the_topics_storage(namesrv: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let storage = storage_at(namesrv, dir.path()).await;
+    let topic = Topic::new(unique("em-rmq4-describe")).unwrap();
+    storage.create_topic(&topic, 2).await.unwrap();
+    let mut sent = Vec::new();
+    for i in 0..5 {
+        sent.push(
+            storage
+                .send(
+                    &topic,
+                    Bytes::new(),
+                    event(&format!("d{i}")),
+                    Some(queue("broker-a", 0)),
+                )
+                .await
+                .unwrap(),
+        );
+    }
+    let report = storage.describe_broker_storage(&topic).await.unwrap();
+    assert_eq!(report.brokers.len(), 1, "{report:?}");
+    let broker = &report.brokers[0];
+    assert_eq!(broker.broker, "broker-a");
+    assert!(broker.commit_log_min_offset >= 0, "{broker:?}");
+    assert!(
+        broker.commit_log_max_offset > broker.commit_log_min_offset,
+        "{broker:?}"
+    );
+    assert_eq!(broker.file_reserved_hours, Some(72), "the broker's default");
+    assert!(broker.delete_when.is_some(), "{broker:?}");
+    assert_eq!(report.queues.len(), 2, "{report:?}");
+    let written = &report.queues[0];
+    assert_eq!(written.partition, queue("broker-a", 0));
+    assert_eq!((written.min_offset, written.max_offset), (0, 5));
+    let position = written.min_entry_commit_log_offset.unwrap();
+    assert!(
+        (broker.commit_log_min_offset..broker.commit_log_max_offset).contains(&position),
+        "{report:?}"
+    );
+    let empty = &report.queues[1];
+    assert_eq!((empty.min_offset, empty.max_offset), (0, 0));
+    assert_eq!(empty.min_entry_commit_log_offset, None);
+
+    let missing = Topic::new("em-rmq4-describe-missing").unwrap();
+    let err = storage.describe_broker_storage(&missing).await.unwrap_err();
+    assert!(matches!(err, StorageError::UnknownTopic(_)), "{err}");
+}
+
 async fn bad_names_unknown_topics_and_partitions(namesrv: &str) {
     let dir = tempfile::tempdir().unwrap();
     let storage = storage_at(namesrv, dir.path()).await;
@@ -264,7 +320,7 @@ async fn bad_names_unknown_topics_and_partitions(namesrv: &str) {
     assert!(matches!(err, StorageError::Invalid(_)), "{err}");
     // A publish to a topic that does not exist says so — the broker's auto-create is never
     // used — and once the topic is created it goes through.
-    let fresh = Topic::new("em-rmq4-created-on-publish").unwrap();
+    let fresh = Topic::new(unique("em-rmq4-created-on-publish")).unwrap();
     let err = storage
         .send(&fresh, Bytes::new(), event("x"), None)
         .await
@@ -334,7 +390,7 @@ async fn bad_names_unknown_topics_and_partitions(namesrv: &str) {
 async fn one_queue_at_a_time_drops_nothing(namesrv: &str) {
     let dir = tempfile::tempdir().unwrap();
     let storage = storage_at(namesrv, dir.path()).await;
-    let topic = Topic::new("em-rmq4-l4").unwrap();
+    let topic = Topic::new(unique("em-rmq4-l4")).unwrap();
     storage.create_topic(&topic, 2).await.unwrap();
     for i in 0..6u32 {
         storage
@@ -391,7 +447,7 @@ async fn one_queue_at_a_time_drops_nothing(namesrv: &str) {
 async fn keys_land_where_java_puts_them(namesrv: &str) {
     let dir = tempfile::tempdir().unwrap();
     let storage = storage_at(namesrv, dir.path()).await;
-    let topic = Topic::new("em-rmq4-keyed").unwrap();
+    let topic = Topic::new(unique("em-rmq4-keyed")).unwrap();
     storage.create_topic(&topic, 4).await.unwrap();
     // Java: Math.abs("hello".hashCode() % 4) == 2; "order-17" → 3; "k" → 3 ("k".hashCode() = 107).
     for (key, java_queue) in [
@@ -414,7 +470,7 @@ async fn keys_land_where_java_puts_them(namesrv: &str) {
     keys.sort();
     assert_eq!(keys, [&b"hello"[..], b"k", b"order-17"]);
     // Without a key, sends go round robin over the queues.
-    let spread = Topic::new("em-rmq4-spread").unwrap();
+    let spread = Topic::new(unique("em-rmq4-spread")).unwrap();
     storage.create_topic(&spread, 4).await.unwrap();
     let mut queues = std::collections::BTreeSet::new();
     for i in 0..4 {
@@ -430,7 +486,7 @@ async fn keys_land_where_java_puts_them(namesrv: &str) {
 async fn a_position_past_the_end_is_reported(namesrv: &str) {
     let dir = tempfile::tempdir().unwrap();
     let storage = storage_at(namesrv, dir.path()).await;
-    let topic = Topic::new("em-rmq4-past-end").unwrap();
+    let topic = Topic::new(unique("em-rmq4-past-end")).unwrap();
     storage.create_topic(&topic, 1).await.unwrap();
     for i in 0..2 {
         storage
@@ -469,9 +525,10 @@ async fn publish_and_pull_through_the_grpc_service(namesrv: &str) {
     let storage =
         support::recording::RecordingStorage::new(Arc::new(storage_at(namesrv, dir.path()).await));
     let (server, mut client) = support::puller_over(storage.clone(), offset_channel).await;
+    let topic = unique("em-rmq4-grpc");
     let created = client
         .create_topic(pb::CreateTopicRequest {
-            topic: "em-rmq4-grpc".into(),
+            topic: topic.clone(),
             partitions: 2,
             implicit: false,
         })
@@ -483,7 +540,7 @@ async fn publish_and_pull_through_the_grpc_service(namesrv: &str) {
     for id in ["g0", "g1", "g2"] {
         client
             .publish(pb::PublishRequest {
-                topic: "em-rmq4-grpc".into(),
+                topic: topic.clone(),
                 body: event(id),
                 key: Bytes::from_static(b"same-key"),
                 partition: String::new(),
@@ -504,7 +561,7 @@ async fn publish_and_pull_through_the_grpc_service(namesrv: &str) {
     assert!(status.message().contains("[%|a-zA-Z0-9_-]"), "{status:?}");
     let status = client
         .publish(pb::PublishRequest {
-            topic: "em-rmq4-grpc".into(),
+            topic: topic.clone(),
             body: event("x"),
             key: Bytes::new(),
             partition: "broker-a:9".into(),
@@ -515,7 +572,7 @@ async fn publish_and_pull_through_the_grpc_service(namesrv: &str) {
     let mut got = Vec::new();
     let group = pb::GroupTopic {
         group: String::new(),
-        topic: "em-rmq4-grpc".into(),
+        topic: topic.clone(),
     };
     let generation = support::attach(&mut client, "test", group.clone()).await;
     for _ in 0..50 {

@@ -19,6 +19,7 @@
 
 pub mod kafka;
 pub mod local;
+pub mod report;
 pub mod rocketmq;
 pub mod rocketmq4;
 pub mod rocketmq5;
@@ -164,6 +165,7 @@ pub use crate::local_log::Appended;
 pub use crate::local_log::NewRecord;
 /// A partition's retained range `[start, end)`.
 pub use crate::local_log::PartitionRange;
+pub use report::BrokerStorageReport;
 
 /// The outcome of a broker ACK.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -402,6 +404,19 @@ pub trait Storage: Send + Sync + 'static {
 
     /// The retained range of every partition of a topic.
     async fn end_offsets(&self, topic: &Topic) -> Result<Vec<PartitionRange>, StorageError>;
+
+    /// What the brokers report about the topic's storage (`DescribeBrokerStorage`). Backends
+    /// without brokers of their own to ask keep this default (INVALID_ARGUMENT).
+    async fn describe_broker_storage(
+        &self,
+        _topic: &Topic,
+    ) -> Result<BrokerStorageReport, StorageError> {
+        Err(StorageError::Invalid(format!(
+            "the {} backend has no broker storage to describe (the rocketmq4 and rocketmq5 \
+             backends have)",
+            self.backend()
+        )))
+    }
 
     /// The reader's current positions.
     async fn cursors(&self, reader: &ReaderKey) -> Result<Vec<(PartitionId, i64)>, StorageError> {

@@ -43,10 +43,10 @@ use rocketmq_protocol::protocol::header::namesrv::topic_operation_header::TopicR
 use rocketmq_protocol::protocol::header::pop_message_request_header::PopMessageRequestHeader;
 use rocketmq_protocol::protocol::header::reset_offset_request_header::ResetOffsetRequestHeader;
 use rocketmq_protocol::protocol::subscription::subscription_group_config::SubscriptionGroupConfig;
-use rocketmq_protocol::{RemotingCommand, RequestCode, RpcRequestHeader, TopicRequestHeader};
+use rocketmq_protocol::{RemotingCommand, RequestCode, RpcRequestHeader};
 
 use super::rocketmq::client::{
-    CALL_TIMEOUT, QueueRef, RocketMqClient, RocketMqSettings, unavailable,
+    CALL_TIMEOUT, QueueRef, RocketMqClient, RocketMqSettings, SUCCESS, broker_header, unavailable,
 };
 use super::rocketmq::epochs::{Epochs, QueuePosition, ReaderEpoch};
 use super::rocketmq::reads::{Fetched, QueueFetch, QueueReads, rocketmq_storage};
@@ -66,8 +66,6 @@ pub const REALIGN_EVERY: u64 = 10_000;
 /// our ACK before re-delivering it through the group's retry topic (longer than a delivery
 /// lives under the dispatcher's defaults, so a revived copy is rare; it is dropped anyway).
 pub const DEFAULT_INVISIBLE_TIME: Duration = Duration::from_secs(300);
-/// The broker's success code.
-const SUCCESS: i32 = 0;
 /// The broker's answers to a POP that found nothing.
 const POLLING_FULL: i32 = 209;
 const POLLING_TIMEOUT: i32 = 210;
@@ -150,16 +148,6 @@ fn now_ms() -> u64 {
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_millis() as u64)
         .unwrap_or(0)
-}
-
-fn broker_header(broker: &str) -> Option<TopicRequestHeader> {
-    Some(TopicRequestHeader {
-        rpc_request_header: Some(RpcRequestHeader {
-            broker_name: Some(broker.into()),
-            ..RpcRequestHeader::default()
-        }),
-        lo: None,
-    })
 }
 
 /// Sends the ACK of one receipt of `topic` for `pop_group` to the broker at `addr`.
@@ -394,7 +382,7 @@ impl Popper {
             "setting of the POP position of {group} on {topic} {} to {offset}",
             queue.partition
         );
-        self.admin(&what, addr, request).await
+        self.client.admin(&what, addr, request).await.map(drop)
     }
 
     /// Creates the broker group `group` on `queue`'s broker.
@@ -414,7 +402,7 @@ impl Popper {
         )
         .set_body(config);
         let what = format!("creation of the POP group {group} on {broker}");
-        self.admin(&what, addr, request).await
+        self.client.admin(&what, addr, request).await.map(drop)
     }
 
     /// Deletes the broker group `group` (and its offsets) on `broker`; one that does not exist
@@ -435,38 +423,10 @@ impl Popper {
             },
         );
         let what = format!("deletion of the POP group {group} on {broker}");
-        match self.admin(&what, addr, request).await {
+        match self.client.admin(&what, addr, request).await.map(drop) {
             Err(StorageError::Unavailable(text)) if text.contains(" code 26 ") => Ok(()),
             other => other,
         }
-    }
-
-    /// One admin request to a broker; anything but SUCCESS is an error naming `what`.
-    async fn admin(
-        &self,
-        what: &str,
-        addr: CheetahString,
-        request: RemotingCommand,
-    ) -> Result<(), StorageError> {
-        let lane = self.client.lane().await?;
-        let handle = lane.handle();
-        let what = what.to_owned();
-        self.client
-            .call("admin", CALL_TIMEOUT, async move {
-                let answer = handle
-                    .invoke_remoting(&addr, request, CALL_TIMEOUT.as_millis() as u64)
-                    .await
-                    .map_err(|err| unavailable(&what, &err))?;
-                if answer.code() != SUCCESS {
-                    return Err(StorageError::Unavailable(format!(
-                        "the broker refused the {what}: code {} {}",
-                        answer.code(),
-                        answer.remark().map(|r| r.as_str()).unwrap_or("")
-                    )));
-                }
-                Ok(())
-            })
-            .await
     }
 
     /// Ends `reader`'s epoch (if any) and starts a fresh one: recorded first, so a crash

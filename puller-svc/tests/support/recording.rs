@@ -9,8 +9,8 @@ use bytes::Bytes;
 use eventmesh_common::keys::{PartitionId, Topic};
 use puller_svc::cursors::{Alignment, CursorBook};
 use puller_svc::storage::{
-    AckPulledOutcome, Appended, NewRecord, PartitionRange, PollLimits, PolledBatch, ReaderKey,
-    Selection, Storage, StorageError,
+    AckPulledOutcome, Appended, BrokerStorageReport, NewRecord, PartitionRange, PollLimits,
+    PolledBatch, ReaderKey, Selection, Storage, StorageError,
 };
 
 /// One call the puller made to the backend.
@@ -212,6 +212,13 @@ impl Storage for RecordingStorage {
 
     async fn end_offsets(&self, topic: &Topic) -> Result<Vec<PartitionRange>, StorageError> {
         self.inner.end_offsets(topic).await
+    }
+
+    async fn describe_broker_storage(
+        &self,
+        topic: &Topic,
+    ) -> Result<BrokerStorageReport, StorageError> {
+        self.inner.describe_broker_storage(topic).await
     }
 
     async fn cursors(&self, reader: &ReaderKey) -> Result<Vec<(PartitionId, i64)>, StorageError> {

@@ -7,6 +7,7 @@ mod cluster;
 mod demo;
 mod offsets;
 mod pubsub;
+mod rocketmq_check;
 mod up;
 
 use clap::{Parser, Subcommand};
@@ -40,6 +41,9 @@ enum Command {
     /// Bring an instance up, publish and consume N events, SIGKILL a service part-way and
     /// restart it, then count what happened.
     Demo(demo::DemoArgs),
+    /// RocketMQ backends: what bounds a topic's storage on its brokers (commit log, consume
+    /// queues, fileReservedTime) beside our cursors and watermarks; exits 1 on a warning.
+    RocketmqCheck(rocketmq_check::RocketMqCheckArgs),
     /// Measure end-to-end delivered-and-ACKed throughput and ACK → durable latency of a local
     /// instance against raw pull throughput from its puller-svc.
     Bench(bench::BenchArgs),
@@ -61,6 +65,7 @@ async fn main() -> anyhow::Result<()> {
         Command::Offsets(args) => offsets::show(args).await,
         Command::ResetOffsets(args) => offsets::reset(args).await,
         Command::Cluster(args) => cluster::run(args).await,
+        Command::RocketmqCheck(args) => rocketmq_check::run(args).await,
         // Dropping the run on a signal drops its local instance, which kills the services.
         Command::Demo(args) => until_signal(demo::run(args)).await,
         Command::Bench(args) => until_signal(bench::run(args)).await,

@@ -65,7 +65,7 @@ impl PartitionView {
     }
 }
 
-const DEFAULT_GROUP: &str = "(default)";
+pub const DEFAULT_GROUP: &str = "(default)";
 const CURSOR_PREFIX: &str = "__mqcursor";
 const LOST_PREFIX: &str = "__mqlost";
 /// A topic's offsets for thousands of clients exceed tonic's 4 MiB default; offset-svc's own

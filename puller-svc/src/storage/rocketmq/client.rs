@@ -22,6 +22,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
+use cheetah_string::CheetahString;
 use eventmesh_common::keys::{PartitionId, PartitionKind, Topic};
 use rocketmq_client_rust::{
     ClientConfig, ClientError, ClientInstanceHandle, ClientRuntime, ClientRuntimeConfig,
@@ -29,6 +30,7 @@ use rocketmq_client_rust::{
 };
 use rocketmq_model::common::message::message_queue::MessageQueue;
 use rocketmq_protocol::protocol::header::query_consumer_offset_request_header::QueryConsumerOffsetRequestHeader;
+use rocketmq_protocol::{RemotingCommand, RpcRequestHeader, TopicRequestHeader};
 use rocketmq_runtime::{RuntimeConfig, RuntimeOwner};
 
 use super::names::PRODUCER_GROUP;
@@ -40,6 +42,8 @@ pub const ROUTE_TTL: Duration = Duration::from_secs(1);
 pub const CALL_TIMEOUT: Duration = Duration::from_secs(5);
 /// The broker's answer to an offset query for a group that holds none (`QUERY_NOT_FOUND`).
 const QUERY_NOT_FOUND: i32 = 22;
+/// The broker's answer code for success.
+pub const SUCCESS: i32 = 0;
 /// Permission bits of a queue set (RocketMQ `PermName`).
 const PERM_WRITE: u32 = 0x2;
 const PERM_READ: u32 = 0x4;
@@ -148,6 +152,17 @@ impl Route {
             ))
         })
     }
+}
+
+/// The header that routes a broker request to `broker` (a request a proxy could forward).
+pub fn broker_header(broker: &str) -> Option<TopicRequestHeader> {
+    Some(TopicRequestHeader {
+        rpc_request_header: Some(RpcRequestHeader {
+            broker_name: Some(broker.into()),
+            ..RpcRequestHeader::default()
+        }),
+        lo: None,
+    })
 }
 
 /// NOT_FOUND for a partition the topic does not have.
@@ -389,6 +404,34 @@ impl RocketMqClient {
             client: self,
             handle,
         })
+    }
+
+    /// One admin request to the broker at `addr`, on a lane of its own; its answer, or an
+    /// error naming `what` when it does not answer SUCCESS.
+    pub async fn admin(
+        &self,
+        what: &str,
+        addr: CheetahString,
+        request: RemotingCommand,
+    ) -> Result<RemotingCommand, StorageError> {
+        let lane = self.lane().await?;
+        let handle = lane.handle();
+        let what = what.to_owned();
+        self.call("admin", CALL_TIMEOUT, async move {
+            let answer = handle
+                .invoke_remoting(&addr, request, CALL_TIMEOUT.as_millis() as u64)
+                .await
+                .map_err(|err| unavailable(&what, &err))?;
+            if answer.code() != SUCCESS {
+                return Err(StorageError::Unavailable(format!(
+                    "the broker refused the {what}: code {} {}",
+                    answer.code(),
+                    answer.remark().map(|r| r.as_str()).unwrap_or("")
+                )));
+            }
+            Ok(answer)
+        })
+        .await
     }
 
     /// The topic's route (cached for [`ROUTE_TTL`]); NOT_FOUND when it has none.

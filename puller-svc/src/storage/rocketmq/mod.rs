@@ -4,6 +4,7 @@
 
 pub mod client;
 pub mod epochs;
+pub mod inspect;
 pub mod message;
 pub mod names;
 pub mod reads;

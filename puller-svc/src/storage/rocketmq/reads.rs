@@ -475,6 +475,13 @@ macro_rules! rocketmq_storage {
                 self.inner.reads.end_offsets(topic).await
             }
 
+            async fn describe_broker_storage(
+                &self,
+                topic: &eventmesh_common::keys::Topic,
+            ) -> Result<$crate::storage::BrokerStorageReport, $crate::storage::StorageError> {
+                $crate::storage::rocketmq::inspect::describe(&self.inner.reads.client, topic).await
+            }
+
             $($own)*
         }
     };
