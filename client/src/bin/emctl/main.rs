@@ -33,7 +33,7 @@ enum Command {
     /// Subscribe to a topic, print and ACK deliveries.
     Subscribe(pubsub::SubscribeArgs),
     /// Per-partition end offsets, group watermark, per-client offsets and lag of a topic.
-    Offsets(offsets::OffsetsArgs),
+    Offsets(offsets::TopicReportArgs),
     /// Operator: set stored offsets of a topic (asks for confirmation).
     ResetOffsets(offsets::ResetArgs),
     /// The cluster's live instances with their load, and each group's home instance.
@@ -43,7 +43,7 @@ enum Command {
     Demo(demo::DemoArgs),
     /// RocketMQ backends: what bounds a topic's storage on its brokers (commit log, consume
     /// queues, fileReservedTime) beside our cursors and watermarks; exits 1 on a warning.
-    RocketmqCheck(rocketmq_check::RocketMqCheckArgs),
+    RocketmqCheck(offsets::TopicReportArgs),
     /// Measure end-to-end delivered-and-ACKed throughput and ACK → durable latency of a local
     /// instance against raw pull throughput from its puller-svc.
     Bench(bench::BenchArgs),

@@ -26,16 +26,17 @@ pub struct Services {
     pub puller: String,
 }
 
+/// A command that reports on one topic (`offsets`, `rocketmq-check`).
 #[derive(Debug, Args)]
-pub struct OffsetsArgs {
+pub struct TopicReportArgs {
     #[command(flatten)]
-    services: Services,
+    pub services: Services,
     /// The topic.
     #[arg(long)]
-    topic: String,
+    pub topic: String,
     /// Print JSON instead of a table.
     #[arg(long)]
-    json: bool,
+    pub json: bool,
 }
 
 /// One partition's view.
@@ -155,7 +156,7 @@ pub fn cursor_client(group: &str) -> String {
     }
 }
 
-pub async fn show(args: OffsetsArgs) -> anyhow::Result<()> {
+pub async fn show(args: TopicReportArgs) -> anyhow::Result<()> {
     let view = topic_view(&args.services, &args.topic).await?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&view)?);

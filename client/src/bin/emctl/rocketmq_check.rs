@@ -15,23 +15,10 @@
 use std::collections::BTreeMap;
 
 use anyhow::Context;
-use clap::Args;
 use eventmesh_proto::puller as puller_pb;
 use eventmesh_proto::puller::puller_service_client::PullerServiceClient;
 
-use crate::offsets::{PartitionView, Services, topic_view};
-
-#[derive(Debug, Args)]
-pub struct RocketMqCheckArgs {
-    #[command(flatten)]
-    services: Services,
-    /// The topic.
-    #[arg(long)]
-    topic: String,
-    /// Print JSON instead of a table.
-    #[arg(long)]
-    json: bool,
-}
+use crate::offsets::{PartitionView, TopicReportArgs, topic_view};
 
 /// One queue with what we hold for it.
 #[derive(Debug, Clone, serde::Serialize)]
@@ -69,7 +56,7 @@ struct Check {
     warnings: Vec<String>,
 }
 
-pub async fn run(args: RocketMqCheckArgs) -> anyhow::Result<()> {
+pub async fn run(args: TopicReportArgs) -> anyhow::Result<()> {
     let mut puller = PullerServiceClient::connect(args.services.puller.clone())
         .await
         .with_context(|| format!("connecting to puller-svc at {}", args.services.puller))?;
