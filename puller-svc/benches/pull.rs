@@ -3,11 +3,18 @@
 //! append and pull rates against raw `PartitionLog` appends and reads. Median of
 //! `BENCH_ROUNDS` (default 3). Needs tansu (`scripts/kafka.sh install`) or `KAFKA_BOOTSTRAP`.
 //!
+//! RocketMQ (`rocketmq4` and `rocketmq5` through puller-svc against the client's own pull and
+//! POP-and-ACK loops, [`rocketmq`]) needs `scripts/rocketmq.sh install` or `ROCKETMQ_NAMESRV`.
+//!
 //! `cargo bench -p puller-svc --bench pull` (env: BENCH_RECORDS, BENCH_BODY_BYTES,
-//! BENCH_ROUNDS). Method and latest numbers: docs/BENCHMARKS.md.
+//! BENCH_ROUNDS, BENCH_BACKENDS = a comma list of `kafka`, `local`, `rocketmq`, default all;
+//! BENCH_ROCKETMQ_RECORDS, default 20,000). Method and latest numbers: docs/BENCHMARKS.md.
 
 #![allow(clippy::unwrap_used)] // a benchmark: a failed unwrap is a failed run
+#![recursion_limit = "256"] // the RocketMQ client's futures are deep
 
+#[path = "pull/rocketmq.rs"]
+mod rocketmq;
 #[path = "../tests/support/mod.rs"]
 mod support;
 
@@ -271,10 +278,45 @@ fn main() {
     let n = env_usize("BENCH_RECORDS", 200_000);
     let size = env_usize("BENCH_BODY_BYTES", 256);
     let rounds = env_usize("BENCH_ROUNDS", 3).max(1);
+    let backends =
+        std::env::var("BENCH_BACKENDS").unwrap_or_else(|_| "kafka,local,rocketmq".into());
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .unwrap();
+    println!("| run | msgs/s | MB/s | ratio | p50 call | p99 call |");
+    println!("| --- | ---: | ---: | ---: | ---: | ---: |");
+    if backends.contains("kafka") {
+        kafka_runs(&runtime, n, size, rounds);
+    }
+    if backends.contains("local") {
+        local_table(&runtime, n, size, rounds);
+    }
+    if backends.contains("rocketmq") {
+        let n = env_usize("BENCH_ROCKETMQ_RECORDS", 20_000);
+        println!(
+            "# rocketmq: {n} records of {size} B, 4 queues on one broker, median of {rounds} rounds"
+        );
+        for (raw, ours) in rocketmq::runs(&runtime, n, size, rounds) {
+            print_row(&raw, &raw);
+            print_row(&ours, &raw);
+        }
+    }
+}
+
+fn print_row(run: &Run, baseline: &Run) {
+    println!(
+        "| {} | {:.0} | {:.1} | {:.2} | {} | {} |",
+        run.name,
+        run.per_sec(),
+        run.mb_per_sec(),
+        run.per_sec() / baseline.per_sec(),
+        run.percentile(0.5),
+        run.percentile(0.99)
+    );
+}
+
+fn kafka_runs(runtime: &tokio::runtime::Runtime, n: usize, size: usize, rounds: usize) {
     // Started here unless KAFKA_BOOTSTRAP names one; stopped when dropped at the end of main.
     let broker = eventmesh_testkit::KafkaBroker::get();
     let bootstrap = broker.bootstrap().to_owned();
@@ -325,23 +367,15 @@ fn main() {
         offsets.wait().await.unwrap();
     });
     let (direct, puller) = (median(direct), median(puller));
-    println!("| run | msgs/s | MB/s | ratio | p50 call | p99 call |");
-    println!("| --- | ---: | ---: | ---: | ---: | ---: |");
-    for (run, baseline) in [(&direct, &direct), (&puller, &direct)] {
-        println!(
-            "| {} | {:.0} | {:.1} | {:.2} | {} | {} |",
-            run.name,
-            run.per_sec(),
-            run.mb_per_sec(),
-            run.per_sec() / baseline.per_sec(),
-            run.percentile(0.5),
-            run.percentile(0.99)
-        );
-    }
+    print_row(&direct, &direct);
+    print_row(&puller, &direct);
+}
+
+fn local_table(runtime: &tokio::runtime::Runtime, n: usize, size: usize, rounds: usize) {
     let mut local: Vec<Vec<Run>> = Vec::new();
     for _ in 0..rounds {
         let dir = tempfile::tempdir().unwrap();
-        local.push(local_runs(dir.path(), n, size, &runtime));
+        local.push(local_runs(dir.path(), n, size, runtime));
     }
     let mut columns: Vec<Vec<Run>> = (0..4).map(|_| Vec::new()).collect();
     for round in local {

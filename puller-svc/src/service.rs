@@ -30,7 +30,7 @@ use eventmesh_common::grpc;
 use eventmesh_common::keys::{GroupName, PartitionId, Topic};
 use eventmesh_common::status::FieldError;
 use eventmesh_proto::puller::{self as pb, puller_service_server::PullerService};
-use futures::Stream;
+use futures::{Stream, StreamExt};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
@@ -47,6 +47,8 @@ use crate::storage::{
 pub const MAX_WAIT: Duration = Duration::from_secs(30);
 /// How often an idle long-poll or stream looks again.
 const IDLE_POLL: Duration = Duration::from_millis(20);
+/// Broker ACKs of one AckPulled call in flight at once.
+const ACKS_IN_FLIGHT: usize = 32;
 /// Partitions of a topic created without a count.
 pub const DEFAULT_PARTITIONS: u32 = 4;
 
@@ -640,25 +642,39 @@ impl PullerService for PullerGrpc {
         request: Request<pb::AckPulledRequest>,
     ) -> Result<Response<pb::AckPulledResponse>, Status> {
         let request = request.into_inner();
-        let mut results = Vec::with_capacity(request.entries.len());
-        for (i, entry) in request.entries.iter().enumerate() {
-            let reader = parse_reader(&format!("entries[{i}].reader"), entry.reader.as_ref())?;
-            let (outcome, detail) = match self.storage.ack_pulled(&reader, &entry.ack_key).await {
-                Ok(AckPulledOutcome::Acked) => (pb::AckPulledOutcome::Acked, String::new()),
-                Ok(AckPulledOutcome::NotApplicable) => {
-                    (pb::AckPulledOutcome::NotApplicable, String::new())
+        let readers = request
+            .entries
+            .iter()
+            .enumerate()
+            .map(|(i, entry)| parse_reader(&format!("entries[{i}].reader"), entry.reader.as_ref()))
+            .collect::<Result<Vec<_>, FieldError>>()?;
+        // Broker ACKs are one round trip each: sent concurrently (answers keep entry order).
+        let storage = &self.storage;
+        let entries = readers
+            .into_iter()
+            .zip(request.entries.into_iter().map(|entry| entry.ack_key));
+        let results = futures::stream::iter(entries)
+            .map(|(reader, ack_key)| async move {
+                let (outcome, detail) = match storage.ack_pulled(&reader, &ack_key).await {
+                    Ok(AckPulledOutcome::Acked) => (pb::AckPulledOutcome::Acked, String::new()),
+                    Ok(AckPulledOutcome::NotApplicable) => {
+                        (pb::AckPulledOutcome::NotApplicable, String::new())
+                    }
+                    Ok(AckPulledOutcome::UnknownKey) => (
+                        pb::AckPulledOutcome::UnknownKey,
+                        "unknown ack key; the broker redelivers after its invisible time"
+                            .to_owned(),
+                    ),
+                    Err(err) => (pb::AckPulledOutcome::Failed, err.to_string()),
+                };
+                pb::AckPulledResult {
+                    outcome: outcome as i32,
+                    detail,
                 }
-                Ok(AckPulledOutcome::UnknownKey) => (
-                    pb::AckPulledOutcome::UnknownKey,
-                    "unknown ack key; the broker redelivers after its invisible time".to_owned(),
-                ),
-                Err(err) => (pb::AckPulledOutcome::Failed, err.to_string()),
-            };
-            results.push(pb::AckPulledResult {
-                outcome: outcome as i32,
-                detail,
-            });
-        }
+            })
+            .buffered(ACKS_IN_FLIGHT)
+            .collect::<Vec<_>>()
+            .await;
         Ok(Response::new(pb::AckPulledResponse { results }))
     }
 

@@ -9,6 +9,7 @@ mod support;
 
 use support::{event, ids, limits, poll_n, reader};
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -103,6 +104,7 @@ async fn rocketmq4_backend_against_a_real_broker() {
     a_position_past_the_end_is_reported(namesrv).await;
     publish_and_pull_through_the_grpc_service(namesrv).await;
     the_brokers_describe_the_topics_storage(namesrv).await;
+    publish_batches_go_as_broker_batches(namesrv).await;
 }
 
 async fn stamps_foreign_bodies_and_checkpoints(namesrv: &str) {
@@ -243,6 +245,146 @@ async fn groups_are_independent_and_alignment_repulls(namesrv: &str) {
         ["e2"],
         "its own cursor, after the restart"
     );
+}
+
+/// A publish batch goes as broker batches per queue; every record is answered on its own, at
+/// the offset the broker stored it at, keyed records in order; refused records alone fail; a
+/// body of exactly the size limit goes through.
+async fn publish_batches_go_as_broker_batches(namesrv: &str) {
+    use puller_svc::storage::NewRecord;
+    let dir = tempfile::tempdir().unwrap();
+    let storage = storage_at(namesrv, dir.path()).await;
+    let topic = Topic::new(unique("em-rmq4-batch")).unwrap();
+    storage.create_topic(&topic, 4).await.unwrap();
+    const RECORDS: usize = 700;
+    let records: Vec<NewRecord> = (0..RECORDS)
+        .map(|i| NewRecord {
+            key: match i {
+                10 => Bytes::from_static(&[0xFF, 0xFE]),
+                i if i.is_multiple_of(3) => Bytes::from(format!("k{}", i % 5)),
+                _ => Bytes::new(),
+            },
+            body: if i == 11 {
+                Bytes::from(vec![b'x'; RocketMqSettings::DEFAULT_MAX_MESSAGE_BYTES + 1])
+            } else {
+                event(&format!("b{i}"))
+            },
+            partition: (i.is_multiple_of(7) && !i.is_multiple_of(3)).then(|| queue("broker-a", 3)),
+        })
+        .collect();
+    let answers = storage.send_batch(&topic, records).await.unwrap();
+    assert_eq!(answers.len(), RECORDS);
+    for refused in [10, 11] {
+        let err = answers[refused].as_ref().unwrap_err();
+        assert!(matches!(err, StorageError::Invalid(_)), "{refused}: {err}");
+    }
+    let stored: HashMap<(PartitionId, i64), usize> = answers
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| ![10, 11].contains(i))
+        .map(|(i, answer)| {
+            let appended = answer.as_ref().unwrap();
+            ((appended.partition.clone(), appended.offset), i)
+        })
+        .collect();
+    assert_eq!(
+        stored.len(),
+        RECORDS - 2,
+        "every answer names its own offset"
+    );
+    let batch = poll_n(&storage, &reader(Some("check"), &topic), RECORDS - 2).await;
+    assert_eq!(batch.records.len(), RECORDS - 2);
+    for (record, id) in batch.records.iter().zip(ids(&batch)) {
+        let index = stored[&(record.partition.clone(), record.offset)];
+        assert_eq!(
+            id,
+            format!("b{index}"),
+            "the answer's offset holds its record"
+        );
+        let key = if index.is_multiple_of(3) {
+            format!("k{}", index % 5)
+        } else {
+            String::new()
+        };
+        assert_eq!(
+            record.key,
+            key.as_bytes(),
+            "a batched message keeps its key"
+        );
+    }
+    // A key's records are in input order in their queue.
+    for key in 0..5 {
+        let offsets: Vec<(PartitionId, i64)> = (0..RECORDS)
+            .filter(|i| i.is_multiple_of(3) && i % 5 == key)
+            .map(|i| {
+                let a = answers[i].as_ref().unwrap();
+                (a.partition.clone(), a.offset)
+            })
+            .collect();
+        assert!(
+            offsets
+                .windows(2)
+                .all(|w| w[0].0 == w[1].0 && w[0].1 < w[1].1)
+        );
+    }
+    // A body at exactly the limit, between small ones.
+    let limit = RocketMqSettings::DEFAULT_MAX_MESSAGE_BYTES;
+    let records = vec![
+        NewRecord {
+            key: Bytes::new(),
+            body: event("before"),
+            partition: Some(queue("broker-a", 0)),
+        },
+        NewRecord {
+            key: Bytes::new(),
+            body: Bytes::from(vec![b'y'; limit]),
+            partition: Some(queue("broker-a", 0)),
+        },
+        NewRecord {
+            key: Bytes::new(),
+            body: event("after"),
+            partition: Some(queue("broker-a", 0)),
+        },
+    ];
+    let answers = storage.send_batch(&topic, records).await.unwrap();
+    let offsets: Vec<i64> = answers.iter().map(|a| a.as_ref().unwrap().offset).collect();
+    assert!(offsets.windows(2).all(|w| w[1] == w[0] + 1), "{offsets:?}");
+
+    // A broker batch the broker refuses fails with every later batch of its queue, unsent: a
+    // puller whose limit was raised above the broker's sends two 3 MiB bodies in one batch.
+    let raised = RocketMq4Storage::new(
+        RocketMqSettings {
+            max_message_bytes: 8 * 1024 * 1024,
+            ..RocketMqSettings::new(namesrv)
+        },
+        dir.path().join("raised"),
+        StartAt::Earliest,
+    )
+    .await
+    .unwrap();
+    let small = |id: &str| NewRecord {
+        key: Bytes::new(),
+        body: event(id),
+        partition: Some(queue("broker-a", 2)),
+    };
+    let mut records = vec![small("first, alone")];
+    for _ in 0..2 {
+        records.push(NewRecord {
+            key: Bytes::new(),
+            body: Bytes::from(vec![b'z'; 3 * 1024 * 1024]),
+            partition: Some(queue("broker-a", 2)),
+        });
+    }
+    records.extend((0..300).map(|i| small(&format!("s{i}"))));
+    let before = storage.end_offsets(&topic).await.unwrap();
+    let answers = raised.send_batch(&topic, records).await.unwrap();
+    assert!(answers[0].is_ok(), "{:?}", answers[0]);
+    assert!(answers[1..].iter().all(Result::is_err), "{answers:?}");
+    let unsent = answers.last().unwrap().as_ref().unwrap_err().to_string();
+    assert!(unsent.contains("not sent: an earlier batch"), "{unsent}");
+    let after = storage.end_offsets(&topic).await.unwrap();
+    let grown: i64 = after.iter().zip(&before).map(|(a, b)| a.end - b.end).sum();
+    assert_eq!(grown, 1, "only the first record was stored");
 }
 
 /// What bounds storage, read from the broker: its commit log and settings, each queue's range

@@ -179,7 +179,7 @@ pub enum AckPulledOutcome {
 }
 
 /// Errors of a storage backend.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum StorageError {
     /// The topic does not exist.
     #[error("unknown topic {0}")]

@@ -308,6 +308,11 @@ impl RocketMqClient {
         std::sync::Arc::clone(&self.runtime)
     }
 
+    /// The largest body a message may carry (the brokers' `maxMessageSize`).
+    pub fn max_message_bytes(&self) -> usize {
+        self.settings.max_message_bytes
+    }
+
     /// A client config for this name server, with every address on this host's loopback-safe
     /// defaults.
     pub fn config(&self) -> ClientConfig {

@@ -8,3 +8,4 @@ pub mod inspect;
 pub mod message;
 pub mod names;
 pub mod reads;
+pub mod sends;

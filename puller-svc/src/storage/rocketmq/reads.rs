@@ -25,12 +25,12 @@ use eventmesh_common::keys::{PartitionId, PullKey, Topic};
 use futures::StreamExt;
 use futures::stream::FuturesUnordered;
 
-use super::client::{CALL_TIMEOUT, QueueRef, RocketMqClient, Route, unavailable};
-use super::{message, names};
+use super::client::{QueueRef, RocketMqClient, Route};
+use super::{names, sends};
 use crate::cursors::{CursorBook, Resolution, StartAt};
 use crate::storage::{
-    Appended, CoveredRange, PartitionRange, PastEnd, PollLimits, PolledBatch, PolledRecord,
-    ReaderKey, Selection, StorageError,
+    Appended, CoveredRange, NewRecord, PartitionRange, PastEnd, PollLimits, PolledBatch,
+    PolledRecord, ReaderKey, Selection, StorageError,
 };
 
 /// Longest the broker holds a read that found nothing (long polling).
@@ -121,8 +121,7 @@ impl QueueReads {
         Ok(self.client.route(topic).await?.read.len() as u32)
     }
 
-    /// Sends one message: to `partition`, else the queue the key's Java hash picks, else round
-    /// robin.
+    /// Sends one message ([`sends::send`]).
     pub async fn send(
         &self,
         topic: &Topic,
@@ -130,37 +129,31 @@ impl QueueReads {
         body: Bytes,
         partition: Option<PartitionId>,
     ) -> Result<Appended, StorageError> {
-        names::check_topic(topic)?;
-        let key = message::key_text(&key)?;
-        let client = &self.client;
-        client.check_body(&body)?;
-        let route = client.route(topic).await?;
-        let queue = client
-            .pick_queue(&route, topic, key.as_deref(), partition.as_ref())?
-            .clone();
-        let outgoing = message::outgoing(topic, key.as_deref(), body)?;
-        let producer = client.producer().await?;
-        let mq = queue.message_queue(topic);
-        let sent = client
-            .call("send", CALL_TIMEOUT * 2, async move {
-                producer
-                    .send_to_queue(outgoing, mq)
-                    .await
-                    .map_err(|err| unavailable("send", &err))
-            })
-            .await?
-            .ok_or_else(|| {
-                StorageError::Internal("rocketmq send answered without a result".into())
-            })?;
-        if !matches!(sent.send_status, rocketmq_model::result::SendStatus::SendOk) {
-            // Stored on the master, only its flush or replication lagged: the message is in
-            // the queue, so it is answered as written (a retry would duplicate it).
-            tracing::warn!(%topic, partition = %queue.partition, status = ?sent.send_status, "rocketmq stored the message with a degraded status");
-        }
-        Ok(Appended {
-            partition: queue.partition,
-            offset: sent.queue_offset as i64,
-        })
+        sends::send(&self.client, topic, key, body, partition).await
+    }
+
+    /// Sends a publish batch: its first record alone (the producer learns a topic created a
+    /// moment ago from it; unknown → the batch fails as a whole), the rest as broker batches
+    /// ([`sends::send_batch`]).
+    pub async fn send_batch(
+        &self,
+        topic: &Topic,
+        records: Vec<NewRecord>,
+    ) -> Result<Vec<Result<Appended, StorageError>>, StorageError> {
+        let mut records = records.into_iter();
+        let Some(first) = records.next() else {
+            return Ok(Vec::new());
+        };
+        let first = match self
+            .send(topic, first.key, first.body, first.partition)
+            .await
+        {
+            Err(StorageError::UnknownTopic(name)) => return Err(StorageError::UnknownTopic(name)),
+            first => first,
+        };
+        let mut results = vec![first];
+        results.extend(sends::send_batch(&self.client, topic, records.collect()).await?);
+        Ok(results)
     }
 
     /// One poll of `reader` through `fetch` (one at a time per reader).
@@ -449,7 +442,7 @@ macro_rules! rocketmq_storage {
                 Vec<Result<$crate::storage::Appended, $crate::storage::StorageError>>,
                 $crate::storage::StorageError,
             > {
-                $crate::storage::send_first_alone(self, topic, records).await
+                self.inner.reads.send_batch(topic, records).await
             }
 
             /// A poll that finds nothing holds one read per queue at the broker (long
