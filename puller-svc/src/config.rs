@@ -172,6 +172,7 @@ impl Config {
     pub fn pop_settings(&self) -> PopSettings {
         PopSettings {
             invisible_time: Duration::from_millis(self.rocketmq_invisible_time_ms),
+            ..PopSettings::default()
         }
     }
 

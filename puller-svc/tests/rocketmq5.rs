@@ -53,6 +53,18 @@ async fn rocketmq5_backend_against_a_real_broker() {
     a_restart_and_a_lower_attach_pop_again_from_the_cursor(namesrv).await;
     a_position_past_the_end_is_reported(namesrv).await;
     lite_channels_are_refused(namesrv).await;
+    worn_epochs_switch_without_skipping_anything(namesrv).await;
+}
+
+/// A frozen broker (SIGSTOP) under POP: UNAVAILABLE or nothing while frozen, then every
+/// message after SIGCONT, nothing lost or skipped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_broker_is_unavailable_then_recovers() {
+    let rocketmq = RocketMq::start_own();
+    let dir = tempfile::tempdir().unwrap();
+    let storage = storage_at(rocketmq.namesrv(), dir.path()).await;
+    let topic = Topic::new("em-rmq5-freeze").unwrap();
+    support::a_frozen_broker_loses_nothing(&storage, &rocketmq, &topic).await;
 }
 
 async fn pops_per_group_and_acks_at_the_broker(namesrv: &str) {
@@ -161,6 +173,72 @@ async fn a_restart_and_a_lower_attach_pop_again_from_the_cursor(namesrv: &str) {
         ids(&poll_n(&storage, &group, 6).await),
         ["e5", "e6", "e7", "e8", "e9", "later"]
     );
+}
+
+/// A reader switches epochs after `realign_every` POPs of a queue (10,000 in production,
+/// before the broker's 20,000-batch stall; 2 here): every message comes once, in order, across
+/// the switches, and each ended epoch's broker group is deleted.
+async fn worn_epochs_switch_without_skipping_anything(namesrv: &str) {
+    use puller_svc::storage::rocketmq::epochs::Epochs;
+    use puller_svc::storage::rocketmq::names;
+    let dir = tempfile::tempdir().unwrap();
+    let storage = RocketMq5Storage::new(
+        RocketMqSettings::new(namesrv),
+        PopSettings {
+            realign_every: 2,
+            ..PopSettings::default()
+        },
+        dir.path(),
+        StartAt::Earliest,
+    )
+    .await
+    .unwrap();
+    let topic = Topic::new(format!("em-rmq5-worn-{}", std::process::id())).unwrap();
+    storage.create_topic(&topic, 1).await.unwrap();
+    send_all(&storage, &topic, 12).await;
+    let group = reader(Some("worn"), &topic);
+    let (mut got, mut epochs) = (Vec::new(), Vec::new());
+    while got.len() < 12 {
+        // One record per POP, so the queue wears after two polls.
+        let batch = poll_n(&storage, &group, 1).await;
+        for record in &batch.records {
+            let key = record.ack_key.as_deref().unwrap();
+            let (epoch, _) = Epochs::parse_ack_key(key).unwrap();
+            if epochs.last() != Some(&epoch) {
+                epochs.push(epoch);
+            }
+        }
+        got.extend(ids(&batch));
+    }
+    let expected: Vec<String> = (0..12).map(|i| format!("e{i}")).collect();
+    assert_eq!(
+        got, expected,
+        "every message once, in order, across the switches"
+    );
+    assert!(epochs.len() >= 6, "a new epoch every two POPs: {epochs:?}");
+    let base = names::pop_group(group.group.as_ref()).unwrap();
+    let live = Epochs::group_name(&base, *epochs.last().unwrap());
+    let positioned = storage
+        .client()
+        .consume_offset(&live, &topic, &queue("broker-a", 0))
+        .await
+        .unwrap();
+    assert!(
+        positioned.is_some(),
+        "the live epoch's group was positioned"
+    );
+    for ended in &epochs[..epochs.len() - 1] {
+        let ended = Epochs::group_name(&base, *ended);
+        assert_eq!(
+            storage
+                .client()
+                .consume_offset(&ended, &topic, &queue("broker-a", 0))
+                .await
+                .unwrap(),
+            None,
+            "the ended epoch's group {ended} holds nothing (live: {live})"
+        );
+    }
 }
 
 async fn a_position_past_the_end_is_reported(namesrv: &str) {

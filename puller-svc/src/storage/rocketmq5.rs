@@ -76,12 +76,16 @@ const PULL_NOT_FOUND: i32 = 19;
 pub struct PopSettings {
     /// Invisible time asked with every POP.
     pub invisible_time: Duration,
+    /// POPs of one queue after which a reader starts a new epoch ([`REALIGN_EVERY`]; lower
+    /// only to test the switch).
+    pub realign_every: u64,
 }
 
 impl Default for PopSettings {
     fn default() -> Self {
         PopSettings {
             invisible_time: DEFAULT_INVISIBLE_TIME,
+            realign_every: REALIGN_EVERY,
         }
     }
 }
@@ -512,7 +516,7 @@ impl QueueFetch for Popper {
             let elsewhere = state
                 .positioned
                 .get(&queue.partition)
-                .is_some_and(|at| at.next != cursor || at.pops >= REALIGN_EVERY);
+                .is_some_and(|at| at.next != cursor || at.pops >= self.settings.realign_every);
             if state.epoch == 0 || state.stale || elsewhere {
                 self.next_epoch(reader, &base, &mut state).await?;
             }

@@ -17,7 +17,7 @@ use tonic::transport::Channel;
 use bytes::Bytes;
 use eventmesh_common::frame::{Frame, FrameLimits};
 use eventmesh_common::keys::{GroupName, Topic};
-use puller_svc::storage::{PollLimits, PolledBatch, ReaderKey, Selection};
+use puller_svc::storage::{PollLimits, PolledBatch, ReaderKey, Selection, StorageError};
 use std::time::Instant;
 
 /// An in-process offset-svc (memory store) on a free loopback port, and a channel to it.
@@ -143,3 +143,48 @@ pub fn ids(batch: &PolledBatch) -> Vec<String> {
 
 pub mod binary;
 pub mod recording;
+
+/// A RocketMQ broker frozen (SIGSTOP) under `storage`: a poll brings nothing or UNAVAILABLE, a
+/// send fails UNAVAILABLE; after SIGCONT everything comes, nothing lost or skipped.
+pub async fn a_frozen_broker_loses_nothing(
+    storage: &dyn Storage,
+    rocketmq: &eventmesh_testkit::RocketMq,
+    topic: &Topic,
+) {
+    storage.create_topic(topic, 1).await.unwrap();
+    for i in 0..3 {
+        storage
+            .send(topic, Bytes::new(), event(&format!("e{i}")), None)
+            .await
+            .unwrap();
+    }
+    let group = reader(None, topic);
+    let first = storage
+        .poll(&group, &Selection::All, limits(1))
+        .await
+        .unwrap();
+    assert_eq!(ids(&first), ["e0"]);
+    rocketmq.signal_broker("broker-a", "-STOP");
+    let frozen = storage.poll(&group, &Selection::All, limits(10)).await;
+    let sent = storage
+        .send(topic, Bytes::new(), event("lost?"), None)
+        .await;
+    rocketmq.signal_broker("broker-a", "-CONT");
+    match frozen {
+        Err(StorageError::Unavailable(why)) => assert!(why.contains("rocketmq"), "{why}"),
+        Ok(batch) => assert!(
+            batch.records.is_empty(),
+            "nothing can come from a frozen broker"
+        ),
+        Err(other) => panic!("unexpected error while frozen: {other}"),
+    }
+    assert!(
+        matches!(sent, Err(StorageError::Unavailable(_))),
+        "a send to a frozen broker fails: {sent:?}"
+    );
+    assert_eq!(
+        ids(&poll_n(storage, &group, 2).await),
+        ["e1", "e2"],
+        "nothing lost or skipped"
+    );
+}
