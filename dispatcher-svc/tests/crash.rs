@@ -8,9 +8,8 @@
 mod support;
 
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::time::Duration;
 
 use eventmesh_proto::client::{AckOutcome, SubscriptionMode};
@@ -34,23 +33,12 @@ impl Dispatcher {
             .arg(format!("http://{offsets}"))
             .args(["--backoff-base-ms", "50", "--backoff-max-ms", "100"])
             .env_remove("EM_DISPATCHER_CRASH_AT")
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit());
+            .env("RUST_LOG", "warn");
         if let Some(point) = crash_at {
             command.env("EM_DISPATCHER_CRASH_AT", point);
         }
-        let mut child = command.spawn().unwrap();
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let addr = line
-            .trim()
-            .strip_prefix("dispatcher-svc listening on ")
-            .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
-            .parse()
-            .unwrap();
+        let (child, addr) =
+            eventmesh_testkit::spawn_service(&mut command, "dispatcher-svc").unwrap();
         Dispatcher { child, addr }
     }
 

@@ -8,8 +8,10 @@
 //!   started and stopped by `scripts/rocketmq.sh`, or the one named by `ROCKETMQ_NAMESRV`.
 
 use std::ffi::OsStr;
+use std::io::BufRead;
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Child, Command, Stdio};
 
 /// A broker for a test: the one in `KAFKA_BOOTSTRAP`, or tansu started for the test on a free
 /// loopback port (stopped, by its pid, when dropped).
@@ -365,4 +367,33 @@ fn script(name: &str) -> PathBuf {
         .map(|dir| dir.join("scripts").join(name))
         .find(|script| script.is_file())
         .unwrap_or_else(|| Path::new("scripts").join(name))
+}
+
+/// Spawns a service binary (`command`, its arguments set) whose first line on stdout is
+/// `<service> listening on <address>`, as each of ours prints once it serves; returns the
+/// process and that address. Logs go to the test's stderr.
+pub fn spawn_service(command: &mut Command, service: &str) -> std::io::Result<(Child, SocketAddr)> {
+    let mut child = command
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()?;
+    let mut line = String::new();
+    if let Some(stdout) = child.stdout.take() {
+        std::io::BufReader::new(stdout).read_line(&mut line)?;
+    }
+    let prefix = format!("{service} listening on ");
+    let addr = line
+        .trim()
+        .strip_prefix(&prefix)
+        .and_then(|addr| addr.parse().ok());
+    match addr {
+        Some(addr) => Ok((child, addr)),
+        None => {
+            let _ = child.kill();
+            let _ = child.wait();
+            Err(std::io::Error::other(format!(
+                "{service} printed {line:?} first, not \"{prefix}<address>\""
+            )))
+        }
+    }
 }

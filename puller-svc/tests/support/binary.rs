@@ -1,9 +1,8 @@
 //! The real puller-svc binary as a child process, killed on drop so a failing assertion
 //! leaves no process behind.
 
-use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 
 use eventmesh_proto::puller::puller_service_client::PullerServiceClient;
 use tonic::transport::Channel;
@@ -21,7 +20,8 @@ impl Puller {
     /// Starts puller-svc on a free port with checkpoints every 100 ms, `data_dir`, the
     /// offset-svc at `offset_svc`, and `extra` flags (a backend); waits for its address.
     pub async fn start(data_dir: &Path, offset_svc: &str, extra: &[&str]) -> Puller {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_puller-svc"))
+        let mut command = Command::new(env!("CARGO_BIN_EXE_puller-svc"));
+        command
             .args(["--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"])
             .args([
                 "--checkpoint-interval-ms",
@@ -32,20 +32,8 @@ impl Puller {
             ])
             .arg(data_dir)
             .args(extra)
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .unwrap();
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let addr = line
-            .trim()
-            .strip_prefix("puller-svc listening on ")
-            .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
-            .to_owned();
+            .env("RUST_LOG", "warn");
+        let (child, addr) = eventmesh_testkit::spawn_service(&mut command, "puller-svc").unwrap();
         let client = PullerServiceClient::connect(format!("http://{addr}"))
             .await
             .unwrap();
