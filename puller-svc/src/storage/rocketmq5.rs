@@ -33,6 +33,7 @@ use eventmesh_common::keys::Topic;
 use rocketmq_client_rust::{AckStatus, ClientInstanceHandle};
 use rocketmq_model::common::message::MessageConst;
 use rocketmq_model::common::message::MessageTrait;
+use rocketmq_model::common::message::message_ext::MessageExt;
 use rocketmq_protocol::common::message::message_decoder;
 use rocketmq_protocol::protocol::RemotingSerializable;
 use rocketmq_protocol::protocol::header::ack_message_request_header::AckMessageRequestHeader;
@@ -154,6 +155,31 @@ fn now_ms() -> u64 {
         .unwrap_or(0)
 }
 
+/// The broker ACK of one receipt of `topic` for `pop_group`: under the topic the receipt was
+/// popped from — the POP retry topic (`%RETRY%<group>_<topic>`) for a revived message — at its
+/// queue and offset. `None`: not a receipt.
+fn ack_header(pop_group: &str, topic: &str, receipt: &str) -> Option<AckMessageRequestHeader> {
+    let info = ExtraInfoUtil::parse_ack_extra_info(receipt).ok()?;
+    let real_topic = ExtraInfoUtil::get_real_topic_with_retry(topic, pop_group, info.retry).ok()?;
+    Some(AckMessageRequestHeader {
+        consumer_group: pop_group.into(),
+        topic: real_topic.into(),
+        queue_id: info.queue_id,
+        extra_info: receipt.into(),
+        offset: info.queue_offset,
+        lite_topic: None,
+        topic_request_header: broker_header(info.broker_name),
+    })
+}
+
+/// The receipt a message revived from the POP retry topic carries (`POP_CK`, set by the broker
+/// only there); `None` for a message popped at the reader's position.
+fn revived_receipt(message: &MessageExt) -> Option<CheetahString> {
+    message.property(&CheetahString::from_static_str(
+        MessageConst::PROPERTY_POP_CK,
+    ))
+}
+
 /// Sends the ACK of one receipt of `topic` for `pop_group` to the broker at `addr`.
 async fn ack_receipt(
     handle: Arc<ClientInstanceHandle>,
@@ -162,22 +188,10 @@ async fn ack_receipt(
     topic: String,
     receipt: String,
 ) -> Result<AckPulledOutcome, StorageError> {
-    let Ok(info) = ExtraInfoUtil::parse_ack_extra_info(&receipt) else {
+    let Some(header) = ack_header(&pop_group, &topic, &receipt) else {
         return Ok(AckPulledOutcome::UnknownKey);
     };
-    let Ok(real_topic) = ExtraInfoUtil::get_real_topic_with_retry(&topic, &pop_group, info.retry)
-    else {
-        return Ok(AckPulledOutcome::UnknownKey);
-    };
-    let header = AckMessageRequestHeader {
-        consumer_group: pop_group.into(),
-        topic: real_topic.into(),
-        queue_id: info.queue_id,
-        extra_info: receipt.as_str().into(),
-        offset: info.queue_offset,
-        lite_topic: None,
-        topic_request_header: broker_header(info.broker_name),
-    };
+    let (queue_id, offset) = (header.queue_id, header.offset);
     let answer = handle
         .ack_message(&addr, header, CALL_TIMEOUT.as_millis() as u64)
         .await
@@ -188,7 +202,7 @@ async fn ack_receipt(
         // receipt (the message left the queue's range, or its checkpoint went with a reset).
         // Nothing depends on it — our cursors decide what is read again — so it is not retried.
         AckStatus::NotExist => {
-            tracing::debug!(%topic, queue_id = info.queue_id, offset = info.queue_offset, "the broker does not know this POP receipt");
+            tracing::debug!(%topic, queue_id, offset, "the broker does not know this POP receipt");
             Ok(AckPulledOutcome::UnknownKey)
         }
     }
@@ -294,9 +308,7 @@ impl Popper {
         let messages = message_decoder::decodes_batch(&mut body, true, true);
         let mut popped = Vec::with_capacity(messages.len());
         for message in messages {
-            let pop_ck = CheetahString::from_static_str(MessageConst::PROPERTY_POP_CK);
-            if let Some(receipt) = message.property(&pop_ck) {
-                // Set by the broker only on a message revived from the retry topic.
+            if let Some(receipt) = revived_receipt(&message) {
                 let ack = self
                     .ack(pop_group, topic, receipt.as_str())
                     .await
@@ -609,3 +621,51 @@ rocketmq_storage!(RocketMq5Storage, BACKEND, popper, {
         self.inner.reads.evict(reader).await
     }
 });
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Synthetic messages and receipts (broker 1.0.0 never revives, so no test on the broker
+    /// can make one): a message revived from the POP retry topic is told apart by its
+    /// `POP_CK`, and its ACK goes to the retry topic; a message at the reader's position is
+    /// ACKed under the reader's topic.
+    #[test]
+    fn revived_messages_are_recognised_and_acked_under_the_retry_topic() {
+        let group = "eventmesh-pop_orders-000000000000002a";
+        let retry_topic = format!("%RETRY%{group}_orders");
+        let receipt_of = |topic: &str| {
+            ExtraInfoUtil::build_extra_info_with_offset(
+                5,
+                1_700_000_000_000,
+                300_000,
+                0,
+                topic,
+                "broker-a",
+                1,
+                7,
+            )
+        };
+
+        let mut revived = MessageExt::default();
+        revived.set_topic(retry_topic.as_str().into());
+        let receipt = receipt_of(&retry_topic);
+        revived.put_property(
+            CheetahString::from_static_str(MessageConst::PROPERTY_POP_CK),
+            receipt.as_str().into(),
+        );
+        assert_eq!(revived_receipt(&revived).as_deref(), Some(receipt.as_str()));
+        let ack = ack_header(group, "orders", &receipt).unwrap();
+        assert_eq!(ack.topic.as_str(), retry_topic);
+        assert_eq!((ack.queue_id, ack.offset), (1, 7));
+        assert_eq!(ack.consumer_group.as_str(), group);
+
+        let mut fresh = MessageExt::default();
+        fresh.set_topic("orders".into());
+        assert_eq!(revived_receipt(&fresh), None);
+        let ack = ack_header(group, "orders", &receipt_of("orders")).unwrap();
+        assert_eq!(ack.topic.as_str(), "orders");
+
+        assert!(ack_header(group, "orders", "not a receipt").is_none());
+    }
+}
