@@ -9,63 +9,12 @@ mod support;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::process::{Child, Command};
 use std::time::Duration;
 
 use eventmesh_proto::client::{AckOutcome, SubscriptionMode};
 use support::*;
 
 const WAIT: Duration = Duration::from_secs(10);
-
-struct Dispatcher {
-    child: Child,
-    addr: SocketAddr,
-}
-
-impl Dispatcher {
-    fn start(puller: SocketAddr, offsets: SocketAddr, crash_at: Option<&str>) -> Dispatcher {
-        let mut command = Command::new(env!("CARGO_BIN_EXE_dispatcher-svc"));
-        command
-            .args(["--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"])
-            .arg("--puller")
-            .arg(format!("http://{puller}"))
-            .arg("--offset-svc")
-            .arg(format!("http://{offsets}"))
-            .args(["--backoff-base-ms", "50", "--backoff-max-ms", "100"])
-            .env_remove("EM_DISPATCHER_CRASH_AT")
-            .env("RUST_LOG", "warn");
-        if let Some(point) = crash_at {
-            command.env("EM_DISPATCHER_CRASH_AT", point);
-        }
-        let (child, addr) =
-            eventmesh_testkit::spawn_service(&mut command, "dispatcher-svc").unwrap();
-        Dispatcher { child, addr }
-    }
-
-    fn kill9(&mut self) {
-        self.child.kill().unwrap();
-        self.child.wait().unwrap();
-    }
-
-    /// Waits for the process to die by itself (a crash point); true if it did.
-    fn died_within(&mut self, wait: Duration) -> bool {
-        let deadline = std::time::Instant::now() + wait;
-        while std::time::Instant::now() < deadline {
-            if self.child.try_wait().unwrap().is_some() {
-                return true;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        false
-    }
-}
-
-impl Drop for Dispatcher {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 struct Neighbours {
     _dir: tempfile::TempDir,

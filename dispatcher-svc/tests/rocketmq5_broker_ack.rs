@@ -35,6 +35,7 @@ struct PopInstance {
     _dir: tempfile::TempDir,
     _offset_svc: offset_svc::server::RunningServer,
     puller: puller_svc::server::RunningServer,
+    offsets: std::net::SocketAddr,
     dispatcher: dispatcher_svc::server::RunningServer,
     recorder: Arc<RecordingStorage>,
     topic: String,
@@ -69,6 +70,7 @@ impl PopInstance {
         let (dispatcher, _shared) =
             start_dispatcher(puller.local_addr(), offset_svc.local_addr(), settings).await;
         PopInstance {
+            offsets: offset_svc.local_addr(),
             _dir: dir,
             _offset_svc: offset_svc,
             puller,
@@ -79,8 +81,12 @@ impl PopInstance {
     }
 
     async fn session(&self, group: &str) -> Session {
+        self.session_at(self.dispatcher.local_addr(), group).await
+    }
+
+    async fn session_at(&self, dispatcher: std::net::SocketAddr, group: &str) -> Session {
         subscribe(
-            self.dispatcher.local_addr(),
+            dispatcher,
             open(group, &self.topic, group, SubscriptionMode::LoadBalance),
         )
         .await
@@ -337,5 +343,44 @@ async fn dead_letters_are_acked_at_the_broker_after_their_dlq_send() {
         timed_out.reason.contains("ACK timeout"),
         "{}",
         timed_out.reason
+    );
+}
+
+/// The real dispatcher binary is killed (`kill -9`) after delivering and before any ACK: a new
+/// one delivers every message again (a new POP epoch from the watermark), and each message is
+/// then ACKed at the broker exactly once — the dead dispatcher's receipts never.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_dispatcher_redelivers_and_each_message_is_acked_at_the_broker_once() {
+    let rocketmq = RocketMq::get();
+    let instance = PopInstance::start(rocketmq.namesrv(), "bkkill", fast_settings()).await;
+    let mut client = EventMeshServiceClient::new(lazy(instance.dispatcher.local_addr()));
+    const EVENTS: usize = 12;
+    publish(&mut client, &instance.topic, 0..EVENTS as u64).await;
+    let puller = instance.puller.local_addr();
+    let mut doomed = Dispatcher::start(puller, instance.offsets, None);
+    let mut first = instance.session_at(doomed.addr, "crashing").await;
+    let delivered = first.deliveries(EVENTS, Duration::from_secs(30)).await;
+    assert_eq!(delivered.len(), EVENTS, "every message delivered");
+    doomed.kill9();
+    drop(first);
+    assert!(
+        instance.broker_acks_now().is_empty(),
+        "nothing ACKed at the broker before the client's ACK"
+    );
+
+    let successor = Dispatcher::start(puller, instance.offsets, None);
+    let mut again = instance.session_at(successor.addr, "crashing").await;
+    let redelivered = again.deliveries(EVENTS, Duration::from_secs(30)).await;
+    let every: BTreeSet<(String, i64)> = delivered.iter().map(record_of).collect();
+    let back: BTreeSet<(String, i64)> = redelivered.iter().map(record_of).collect();
+    assert_eq!(back, every, "every un-ACKed message delivered again");
+    again.ack_durably(&redelivered).await;
+    let acks = instance.broker_acks(EVENTS, Duration::from_secs(15)).await;
+    exactly_once(&acks, &every, "after the crash");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(
+        instance.broker_acks_now().len(),
+        EVENTS,
+        "no receipt of the dead dispatcher's deliveries ACKed"
     );
 }
