@@ -38,6 +38,7 @@ use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::{Offset, TopicPartitionList};
 
 const PARTITIONS: i32 = 4;
+const KAFKA_PULL: &str = "puller-svc gRPC Pull (kafka backend)";
 
 fn env_usize(name: &str, default: usize) -> usize {
     std::env::var(name)
@@ -144,14 +145,14 @@ fn direct_rdkafka(bootstrap: &str, topic: &str, n: usize) -> Run {
     }
 }
 
+/// puller-svc's Pull, with one AckPulled per batch when the records carry broker-ACK keys.
 async fn through_puller(
     client: &mut PullerServiceClient<tonic::transport::Channel>,
+    name: &'static str,
     topic: &str,
     group: &str,
     n: usize,
 ) -> Run {
-    let (mut records, mut bytes) = (0, 0);
-    let mut latencies = Vec::new();
     let reader = pb::GroupTopic {
         group: group.into(),
         topic: topic.into(),
@@ -167,6 +168,8 @@ async fn through_puller(
         .into_inner()
         .generations[0]
         .generation;
+    let (mut records, mut bytes, mut latencies) = (0, 0, Vec::new());
+    let mut acking = Duration::ZERO;
     let start = Instant::now();
     while records < n {
         let t = Instant::now();
@@ -181,6 +184,28 @@ async fn through_puller(
             .await
             .unwrap()
             .into_inner();
+        let keys: Vec<String> = response
+            .records
+            .iter()
+            .filter(|r| !r.ack_key.is_empty())
+            .map(|r| r.ack_key.clone())
+            .collect();
+        if !keys.is_empty() {
+            let acked = Instant::now();
+            client
+                .ack_pulled(pb::AckPulledRequest {
+                    entries: keys
+                        .into_iter()
+                        .map(|ack_key| pb::AckPulledEntry {
+                            reader: Some(reader.clone()),
+                            ack_key,
+                        })
+                        .collect(),
+                })
+                .await
+                .unwrap();
+            acking += acked.elapsed();
+        }
         latencies.push(t.elapsed());
         records += response.records.len();
         bytes += response
@@ -189,11 +214,19 @@ async fn through_puller(
             .map(|r| r.frame.len())
             .sum::<usize>();
     }
+    let elapsed = start.elapsed();
+    if !acking.is_zero() {
+        println!(
+            "# {name}: {} calls, AckPulled {:.0} % of the time",
+            latencies.len(),
+            acking.as_secs_f64() / elapsed.as_secs_f64() * 100.0
+        );
+    }
     Run {
-        name: "puller-svc gRPC Pull (kafka backend)",
+        name,
         records,
         bytes,
-        elapsed: start.elapsed(),
+        elapsed,
         latencies,
     }
 }
@@ -347,11 +380,27 @@ fn kafka_runs(runtime: &tokio::runtime::Runtime, n: usize, size: usize, rounds: 
                     .await
                     .unwrap(),
                 );
-                puller
-                    .push(through_puller(&mut client, &topic, &format!("bench-{round}"), n).await);
+                puller.push(
+                    through_puller(
+                        &mut client,
+                        KAFKA_PULL,
+                        &topic,
+                        &format!("bench-{round}"),
+                        n,
+                    )
+                    .await,
+                );
             } else {
-                puller
-                    .push(through_puller(&mut client, &topic, &format!("bench-{round}"), n).await);
+                puller.push(
+                    through_puller(
+                        &mut client,
+                        KAFKA_PULL,
+                        &topic,
+                        &format!("bench-{round}"),
+                        n,
+                    )
+                    .await,
+                );
                 direct.push(
                     tokio::task::spawn_blocking(move || {
                         direct_rdkafka(&bootstrap, &owned_topic, n)

@@ -18,7 +18,7 @@ use eventmesh_common::keys::{PartitionId, Topic};
 use eventmesh_testkit::RocketMq;
 use puller_svc::cursors::{Alignment, StartAt};
 use puller_svc::storage::rocketmq::client::RocketMqSettings;
-use puller_svc::storage::rocketmq5::{PopSettings, RocketMq5Storage};
+use puller_svc::storage::rocketmq5::{PopSettings, RocketMq5Storage, pop_request};
 use puller_svc::storage::{AckPulledOutcome, Selection, Storage, StorageError};
 
 fn queue(broker: &str, id: u32) -> PartitionId {
@@ -276,10 +276,9 @@ async fn lite_channels_are_refused(namesrv: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn canaries_of_the_defects_worked_around() {
     use cheetah_string::CheetahString;
-    use rocketmq_protocol::protocol::header::namesrv::topic_operation_header::TopicRequestHeader;
     use rocketmq_protocol::protocol::header::pop_message_request_header::PopMessageRequestHeader;
     use rocketmq_protocol::protocol::header::reset_offset_request_header::ResetOffsetRequestHeader;
-    use rocketmq_protocol::{RemotingCommand, RequestCode, RpcRequestHeader};
+    use rocketmq_protocol::{RemotingCommand, RequestCode};
 
     let rocketmq = RocketMq::get();
     let dir = tempfile::tempdir().unwrap();
@@ -290,29 +289,15 @@ async fn canaries_of_the_defects_worked_around() {
     let route = storage.client().route(&topic).await.unwrap();
     let addr: CheetahString = route.master("broker-a").unwrap().into();
     let broker: CheetahString = "broker-a".into();
-    let pop = |group: &str, max: u32| PopMessageRequestHeader {
-        consumer_group: group.into(),
-        topic: topic.as_str().into(),
-        queue_id: 0,
-        max_msg_nums: max,
-        invisible_time: 60_000,
-        poll_time: 0,
-        born_time: std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_millis() as u64,
-        init_mode: 0,
-        exp_type: Some("TAG".into()),
-        exp: Some("*".into()),
-        order: Some(false),
-        attempt_id: None,
-        topic_request_header: Some(TopicRequestHeader {
-            lo: None,
-            rpc: Some(RpcRequestHeader {
-                broker_name: Some(broker.clone()),
-                ..RpcRequestHeader::default()
-            }),
-        }),
+    let pop = |group: &str, max: u32| {
+        pop_request(
+            group,
+            topic.as_str(),
+            "broker-a",
+            0,
+            max,
+            Duration::from_secs(60),
+        )
     };
     let client = storage.client();
     let timeout = Duration::from_secs(10);
@@ -480,9 +465,6 @@ async fn canaries_of_the_defects_worked_around() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_popped_message_not_acked_is_revived_or_skipped() {
     use cheetah_string::CheetahString;
-    use rocketmq_protocol::RpcRequestHeader;
-    use rocketmq_protocol::protocol::header::namesrv::topic_operation_header::TopicRequestHeader;
-    use rocketmq_protocol::protocol::header::pop_message_request_header::PopMessageRequestHeader;
 
     let rocketmq = RocketMq::get();
     let dir = tempfile::tempdir().unwrap();
@@ -495,30 +477,8 @@ async fn a_popped_message_not_acked_is_revived_or_skipped() {
     let addr: CheetahString = route.master("broker-a").unwrap().into();
     let group = format!("em-revive-probe-{}", std::process::id());
     let invisible = Duration::from_secs(2);
-    let pop = |popped_topic: String| PopMessageRequestHeader {
-        consumer_group: group.as_str().into(),
-        topic: popped_topic.as_str().into(),
-        queue_id: 0,
-        max_msg_nums: 1,
-        invisible_time: invisible.as_millis() as u64,
-        poll_time: 0,
-        born_time: std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_millis() as u64,
-        init_mode: 0,
-        exp_type: Some("TAG".into()),
-        exp: Some("*".into()),
-        order: Some(false),
-        attempt_id: None,
-        topic_request_header: Some(TopicRequestHeader {
-            lo: None,
-            rpc: Some(RpcRequestHeader {
-                broker_name: Some("broker-a".into()),
-                ..RpcRequestHeader::default()
-            }),
-        }),
-    };
+    let pop =
+        |popped_topic: String| pop_request(&group, &popped_topic, "broker-a", 0, 1, invisible);
     let pop_from = |popped_topic: String| {
         let (h, a, header) = (handle.clone(), addr.clone(), pop(popped_topic));
         storage

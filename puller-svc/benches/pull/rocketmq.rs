@@ -15,22 +15,17 @@ use std::time::{Duration, Instant};
 
 use cheetah_string::CheetahString;
 use eventmesh_common::keys::Topic;
-use eventmesh_proto::puller::puller_service_client::PullerServiceClient;
-use eventmesh_proto::puller::{self as pb};
 use puller_svc::cursors::StartAt;
 use puller_svc::storage::rocketmq::client::{RocketMqClient, RocketMqSettings};
 use puller_svc::storage::rocketmq4::RocketMq4Storage;
-use puller_svc::storage::rocketmq5::{PopSettings, RocketMq5Storage};
+use puller_svc::storage::rocketmq5::{PopSettings, RocketMq5Storage, pop_request};
 use puller_svc::storage::{NewRecord, Storage};
 use rocketmq_client_rust::{DefaultMQPullConsumer, MessageSelector, PullOptions};
 use rocketmq_model::common::message::MessageConst;
 use rocketmq_model::common::message::MessageTrait;
-use rocketmq_protocol::RpcRequestHeader;
 use rocketmq_protocol::protocol::header::ack_message_request_header::AckMessageRequestHeader;
-use rocketmq_protocol::protocol::header::namesrv::topic_operation_header::TopicRequestHeader;
-use rocketmq_protocol::protocol::header::pop_message_request_header::PopMessageRequestHeader;
 
-use super::{Run, body, median, support};
+use super::{Run, body, median, support, through_puller};
 
 const QUEUES: u32 = 4;
 const TIMEOUT: Duration = Duration::from_secs(30);
@@ -126,26 +121,15 @@ async fn raw_pop_and_ack(client: &Arc<RocketMqClient>, topic: &Topic, ends: &[(u
     let (records, bytes, elapsed) = client
         .call("bench pop", TIMEOUT * 20, async move {
             let broker: CheetahString = "broker-a".into();
-            let header = |queue: u32| PopMessageRequestHeader {
-                consumer_group: group.as_str().into(),
-                topic: topic.as_str().into(),
-                queue_id: queue as i32,
-                max_msg_nums: 1,
-                invisible_time: 60_000,
-                poll_time: 0,
-                born_time: now_ms(),
-                init_mode: 0,
-                exp_type: Some("TAG".into()),
-                exp: Some("*".into()),
-                order: Some(false),
-                attempt_id: None,
-                topic_request_header: Some(TopicRequestHeader {
-                    lo: None,
-                    rpc: Some(RpcRequestHeader {
-                        broker_name: Some(broker.clone()),
-                        ..RpcRequestHeader::default()
-                    }),
-                }),
+            let header = |queue: u32| {
+                pop_request(
+                    &group,
+                    &topic,
+                    "broker-a",
+                    queue,
+                    1,
+                    Duration::from_secs(60),
+                )
             };
             let (mut records, mut bytes) = (0usize, 0usize);
             let start = Instant::now();
@@ -191,92 +175,6 @@ async fn raw_pop_and_ack(client: &Arc<RocketMqClient>, topic: &Topic, ends: &[(u
         bytes,
         elapsed,
         latencies: Vec::new(),
-    }
-}
-
-/// puller-svc's Pull, with one AckPulled per batch when the records carry broker-ACK keys.
-async fn through_puller(
-    client: &mut PullerServiceClient<tonic::transport::Channel>,
-    name: &'static str,
-    topic: &Topic,
-    group: &str,
-    n: usize,
-) -> Run {
-    let reader = pb::GroupTopic {
-        group: group.into(),
-        topic: topic.to_string(),
-    };
-    let generation = client
-        .attach(pb::AttachRequest {
-            dispatcher_id: "pull-bench".into(),
-            readers: vec![reader.clone()],
-            positions: Vec::new(),
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .generations[0]
-        .generation;
-    let (mut records, mut bytes, mut latencies) = (0, 0, Vec::new());
-    let mut acking = Duration::ZERO;
-    let start = Instant::now();
-    while records < n {
-        let t = Instant::now();
-        let response = client
-            .pull(pb::PullRequest {
-                reader: Some(reader.clone()),
-                max_records: 1_000,
-                max_wait_ms: 1_000,
-                generation,
-                ..Default::default()
-            })
-            .await
-            .unwrap()
-            .into_inner();
-        let keys: Vec<String> = response
-            .records
-            .iter()
-            .filter(|r| !r.ack_key.is_empty())
-            .map(|r| r.ack_key.clone())
-            .collect();
-        if !keys.is_empty() {
-            let acked = Instant::now();
-            client
-                .ack_pulled(pb::AckPulledRequest {
-                    entries: keys
-                        .into_iter()
-                        .map(|ack_key| pb::AckPulledEntry {
-                            reader: Some(reader.clone()),
-                            ack_key,
-                        })
-                        .collect(),
-                })
-                .await
-                .unwrap();
-            acking += acked.elapsed();
-        }
-        latencies.push(t.elapsed());
-        records += response.records.len();
-        bytes += response
-            .records
-            .iter()
-            .map(|r| r.frame.len())
-            .sum::<usize>();
-    }
-    let elapsed = start.elapsed();
-    if !acking.is_zero() {
-        println!(
-            "# {name}: {} calls, AckPulled {:.0} % of the time",
-            latencies.len(),
-            acking.as_secs_f64() / elapsed.as_secs_f64() * 100.0
-        );
-    }
-    Run {
-        name,
-        records,
-        bytes,
-        elapsed,
-        latencies,
     }
 }
 
@@ -344,13 +242,17 @@ pub fn runs(
             // Alternate who goes first.
             if round % 2 == 0 {
                 columns[0].push(raw_pull(&client, &topic, &ends).await);
-                columns[1].push(through_puller(&mut puller4, OURS4, &topic, &group, n).await);
+                columns[1]
+                    .push(through_puller(&mut puller4, OURS4, topic.as_str(), &group, n).await);
                 columns[2].push(raw_pop_and_ack(&client, &topic, &ends).await);
-                columns[3].push(through_puller(&mut puller5, OURS5, &topic, &group, n).await);
+                columns[3]
+                    .push(through_puller(&mut puller5, OURS5, topic.as_str(), &group, n).await);
             } else {
-                columns[1].push(through_puller(&mut puller4, OURS4, &topic, &group, n).await);
+                columns[1]
+                    .push(through_puller(&mut puller4, OURS4, topic.as_str(), &group, n).await);
                 columns[0].push(raw_pull(&client, &topic, &ends).await);
-                columns[3].push(through_puller(&mut puller5, OURS5, &topic, &group, n).await);
+                columns[3]
+                    .push(through_puller(&mut puller5, OURS5, topic.as_str(), &group, n).await);
                 columns[2].push(raw_pop_and_ack(&client, &topic, &ends).await);
             }
         }

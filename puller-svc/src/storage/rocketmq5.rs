@@ -172,6 +172,40 @@ fn ack_header(pop_group: &str, topic: &str, receipt: &str) -> Option<AckMessageR
     })
 }
 
+/// A POP of up to `max` messages of queue `queue_id` of `topic` at `broker` for `pop_group`,
+/// not held at the broker; a new group starts at the queue's minimum (never used by the
+/// backend: a queue is reset to the cursor before its first POP).
+pub fn pop_request(
+    pop_group: &str,
+    topic: &str,
+    broker: &str,
+    queue_id: u32,
+    max: u32,
+    invisible_time: Duration,
+) -> PopMessageRequestHeader {
+    PopMessageRequestHeader {
+        consumer_group: pop_group.into(),
+        topic: topic.into(),
+        queue_id: queue_id as i32,
+        max_msg_nums: max,
+        invisible_time: invisible_time.as_millis() as u64,
+        poll_time: 0,
+        born_time: now_ms(),
+        init_mode: 0,
+        exp_type: Some("TAG".into()),
+        exp: Some("*".into()),
+        order: Some(false),
+        attempt_id: None,
+        topic_request_header: Some(PopTopicHeader {
+            lo: None,
+            rpc: Some(RpcRequestHeader {
+                broker_name: Some(broker.into()),
+                ..RpcRequestHeader::default()
+            }),
+        }),
+    }
+}
+
 /// The receipt a message revived from the POP retry topic carries (`POP_CK`, set by the broker
 /// only there); `None` for a message popped at the reader's position.
 fn revived_receipt(message: &MessageExt) -> Option<CheetahString> {
@@ -233,27 +267,17 @@ impl Popper {
     ) -> Result<Vec<Popped>, StorageError> {
         let addr = self.master(topic, &queue.broker).await?;
         let poll = wait.unwrap_or(Duration::ZERO);
+        let header = pop_request(
+            pop_group,
+            topic.as_str(),
+            &queue.broker,
+            queue.queue_id,
+            max.clamp(1, MAX_POPS) as u32,
+            self.settings.invisible_time,
+        );
         let header = PopMessageRequestHeader {
-            consumer_group: pop_group.into(),
-            topic: topic.as_str().into(),
-            queue_id: queue.queue_id as i32,
-            max_msg_nums: max.clamp(1, MAX_POPS) as u32,
-            invisible_time: self.settings.invisible_time.as_millis() as u64,
             poll_time: poll.as_millis() as u64,
-            born_time: now_ms(),
-            // Never used: the queue is reset to our cursor before its first POP.
-            init_mode: 0,
-            exp_type: Some("TAG".into()),
-            exp: Some("*".into()),
-            order: Some(false),
-            attempt_id: None,
-            topic_request_header: Some(PopTopicHeader {
-                lo: None,
-                rpc: Some(RpcRequestHeader {
-                    broker_name: Some(queue.broker.as_str().into()),
-                    ..RpcRequestHeader::default()
-                }),
-            }),
+            ..header
         };
         let lane = self.client.lane().await?;
         let handle = lane.handle();
