@@ -370,44 +370,19 @@ fn kafka_runs(runtime: &tokio::runtime::Runtime, n: usize, size: usize, rounds: 
         produce(&bootstrap, &topic, n, size).await;
         let (server, mut client) = support::puller_over(storage, offset_channel).await;
         for round in 0..rounds {
-            let (bootstrap, owned_topic) = (bootstrap.clone(), topic.clone());
+            let direct_round = || {
+                let (bootstrap, topic) = (bootstrap.clone(), topic.clone());
+                tokio::task::spawn_blocking(move || direct_rdkafka(&bootstrap, &topic, n))
+            };
             // Alternate who goes first.
-            if round % 2 == 0 {
-                direct.push(
-                    tokio::task::spawn_blocking(move || {
-                        direct_rdkafka(&bootstrap, &owned_topic, n)
-                    })
-                    .await
-                    .unwrap(),
-                );
-                puller.push(
-                    through_puller(
-                        &mut client,
-                        KAFKA_PULL,
-                        &topic,
-                        &format!("bench-{round}"),
-                        n,
-                    )
-                    .await,
-                );
-            } else {
-                puller.push(
-                    through_puller(
-                        &mut client,
-                        KAFKA_PULL,
-                        &topic,
-                        &format!("bench-{round}"),
-                        n,
-                    )
-                    .await,
-                );
-                direct.push(
-                    tokio::task::spawn_blocking(move || {
-                        direct_rdkafka(&bootstrap, &owned_topic, n)
-                    })
-                    .await
-                    .unwrap(),
-                );
+            let direct_first = round % 2 == 0;
+            if direct_first {
+                direct.push(direct_round().await.unwrap());
+            }
+            let group = format!("bench-{round}");
+            puller.push(through_puller(&mut client, KAFKA_PULL, &topic, &group, n).await);
+            if !direct_first {
+                direct.push(direct_round().await.unwrap());
             }
         }
         server.shutdown();

@@ -240,20 +240,20 @@ pub fn runs(
         for round in 0..rounds {
             let group = format!("bench-{round}");
             // Alternate who goes first.
-            if round % 2 == 0 {
+            let raw_first = round % 2 == 0;
+            if raw_first {
                 columns[0].push(raw_pull(&client, &topic, &ends).await);
-                columns[1]
-                    .push(through_puller(&mut puller4, OURS4, topic.as_str(), &group, n).await);
-                columns[2].push(raw_pop_and_ack(&client, &topic, &ends).await);
-                columns[3]
-                    .push(through_puller(&mut puller5, OURS5, topic.as_str(), &group, n).await);
-            } else {
-                columns[1]
-                    .push(through_puller(&mut puller4, OURS4, topic.as_str(), &group, n).await);
+            }
+            columns[1].push(through_puller(&mut puller4, OURS4, topic.as_str(), &group, n).await);
+            if !raw_first {
                 columns[0].push(raw_pull(&client, &topic, &ends).await);
                 columns[3]
                     .push(through_puller(&mut puller5, OURS5, topic.as_str(), &group, n).await);
-                columns[2].push(raw_pop_and_ack(&client, &topic, &ends).await);
+            }
+            columns[2].push(raw_pop_and_ack(&client, &topic, &ends).await);
+            if raw_first {
+                columns[3]
+                    .push(through_puller(&mut puller5, OURS5, topic.as_str(), &group, n).await);
             }
         }
         for server in [server4, server5] {
