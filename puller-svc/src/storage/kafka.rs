@@ -791,7 +791,10 @@ impl Storage for KafkaStorage {
     ) -> Result<Vec<Result<Appended, StorageError>>, StorageError> {
         if !self.known_topics().contains(topic) {
             // A topic not produced to yet: librdkafka's metadata cache may not know it.
-            return super::send_first_alone(self, topic, records).await;
+            return super::send_first_alone(self, topic, records, |rest| async move {
+                Ok(super::send_each(self, topic, rest).await)
+            })
+            .await;
         }
         let results = super::send_each(self, topic, records).await;
         super::whole_batch_unknown(topic, results)

@@ -242,15 +242,21 @@ pub(crate) async fn send_each<S: Storage + ?Sized>(
     futures::future::join_all(sends).await
 }
 
-/// Sends the first record alone, then the rest at once: for a topic a client has not produced
-/// to yet (maybe just created), so the first send finds out whether it exists and refreshes the
-/// client's metadata, and the rest do not all fail on a stale "unknown topic". Unknown: nothing
-/// was stored, the batch fails as a whole.
-pub(crate) async fn send_first_alone<S: Storage + ?Sized>(
+/// Sends the first record alone with [`Storage::send`], then the rest with `send_rest`: for a
+/// topic a client has not produced to yet (maybe just created), so the first send finds out
+/// whether it exists and refreshes the client's metadata, and the rest do not all fail on a
+/// stale "unknown topic". Unknown: nothing was stored, the batch fails as a whole.
+pub(crate) async fn send_first_alone<S, F, Rest>(
     storage: &S,
     topic: &Topic,
     records: Vec<NewRecord>,
-) -> Result<Vec<Result<Appended, StorageError>>, StorageError> {
+    send_rest: F,
+) -> Result<Vec<Result<Appended, StorageError>>, StorageError>
+where
+    S: Storage + ?Sized,
+    F: FnOnce(Vec<NewRecord>) -> Rest,
+    Rest: Future<Output = Result<Vec<Result<Appended, StorageError>>, StorageError>>,
+{
     let mut records = records.into_iter();
     let mut results = Vec::with_capacity(records.len());
     let Some(first) = records.next() else {
@@ -263,7 +269,7 @@ pub(crate) async fn send_first_alone<S: Storage + ?Sized>(
         Err(StorageError::UnknownTopic(name)) => return Err(StorageError::UnknownTopic(name)),
         first => results.push(first),
     }
-    results.extend(send_each(storage, topic, records).await);
+    results.extend(send_rest(records.collect()).await?);
     whole_batch_unknown(topic, results)
 }
 

@@ -29,8 +29,8 @@ use super::client::{QueueRef, RocketMqClient, Route};
 use super::{names, sends};
 use crate::cursors::{CursorBook, Resolution, StartAt};
 use crate::storage::{
-    Appended, CoveredRange, NewRecord, PartitionRange, PastEnd, PollLimits, PolledBatch,
-    PolledRecord, ReaderKey, Selection, StorageError,
+    Appended, CoveredRange, PartitionRange, PastEnd, PollLimits, PolledBatch, PolledRecord,
+    ReaderKey, Selection, StorageError,
 };
 
 /// Longest the broker holds a read that found nothing (long polling).
@@ -130,30 +130,6 @@ impl QueueReads {
         partition: Option<PartitionId>,
     ) -> Result<Appended, StorageError> {
         sends::send(&self.client, topic, key, body, partition).await
-    }
-
-    /// Sends a publish batch: its first record alone (the producer learns a topic created a
-    /// moment ago from it; unknown → the batch fails as a whole), the rest as broker batches
-    /// ([`sends::send_batch`]).
-    pub async fn send_batch(
-        &self,
-        topic: &Topic,
-        records: Vec<NewRecord>,
-    ) -> Result<Vec<Result<Appended, StorageError>>, StorageError> {
-        let mut records = records.into_iter();
-        let Some(first) = records.next() else {
-            return Ok(Vec::new());
-        };
-        let first = match self
-            .send(topic, first.key, first.body, first.partition)
-            .await
-        {
-            Err(StorageError::UnknownTopic(name)) => return Err(StorageError::UnknownTopic(name)),
-            first => first,
-        };
-        let mut results = vec![first];
-        results.extend(sends::send_batch(&self.client, topic, records.collect()).await?);
-        Ok(results)
     }
 
     /// One poll of `reader` through `fetch` (one at a time per reader).
@@ -442,7 +418,12 @@ macro_rules! rocketmq_storage {
                 Vec<Result<$crate::storage::Appended, $crate::storage::StorageError>>,
                 $crate::storage::StorageError,
             > {
-                self.inner.reads.send_batch(topic, records).await
+                // The producer learns a topic created a moment ago from the first record; the
+                // rest go as broker batches.
+                $crate::storage::send_first_alone(self, topic, records, |rest| {
+                    $crate::storage::rocketmq::sends::send_batch(&self.inner.reads.client, topic, rest)
+                })
+                .await
             }
 
             /// A poll that finds nothing holds one read per queue at the broker (long
