@@ -157,11 +157,15 @@ fn now_ms() -> u64 {
 
 /// The broker ACK of one receipt of `topic` for `pop_group`: under the topic the receipt was
 /// popped from — the POP retry topic (`%RETRY%<group>_<topic>`) for a revived message — at its
-/// queue and offset. `None`: not a receipt.
-fn ack_header(pop_group: &str, topic: &str, receipt: &str) -> Option<AckMessageRequestHeader> {
+/// queue and offset; with the broker that served the POP. `None`: not a receipt.
+fn ack_header(
+    pop_group: &str,
+    topic: &str,
+    receipt: &str,
+) -> Option<(String, AckMessageRequestHeader)> {
     let info = ExtraInfoUtil::parse_ack_extra_info(receipt).ok()?;
     let real_topic = ExtraInfoUtil::get_real_topic_with_retry(topic, pop_group, info.retry).ok()?;
-    Some(AckMessageRequestHeader {
+    let header = AckMessageRequestHeader {
         consumer_group: pop_group.into(),
         topic: real_topic.into(),
         queue_id: info.queue_id,
@@ -169,7 +173,8 @@ fn ack_header(pop_group: &str, topic: &str, receipt: &str) -> Option<AckMessageR
         offset: info.queue_offset,
         lite_topic: None,
         topic_request_header: broker_header(info.broker_name),
-    })
+    };
+    Some((info.broker_name.to_owned(), header))
 }
 
 /// A POP of up to `max` messages of queue `queue_id` of `topic` at `broker` for `pop_group`,
@@ -214,17 +219,13 @@ fn revived_receipt(message: &MessageExt) -> Option<CheetahString> {
     ))
 }
 
-/// Sends the ACK of one receipt of `topic` for `pop_group` to the broker at `addr`.
+/// Sends one broker ACK of `topic` ([`ack_header`]) to the broker at `addr`.
 async fn ack_receipt(
     handle: Arc<ClientInstanceHandle>,
     addr: CheetahString,
-    pop_group: String,
     topic: String,
-    receipt: String,
+    header: AckMessageRequestHeader,
 ) -> Result<AckPulledOutcome, StorageError> {
-    let Some(header) = ack_header(&pop_group, &topic, &receipt) else {
-        return Ok(AckPulledOutcome::UnknownKey);
-    };
     let (queue_id, offset) = (header.queue_id, header.offset);
     let answer = handle
         .ack_message(&addr, header, CALL_TIMEOUT.as_millis() as u64)
@@ -380,18 +381,17 @@ impl Popper {
         topic: &Topic,
         receipt: &str,
     ) -> Result<AckPulledOutcome, StorageError> {
-        let Ok(info) = ExtraInfoUtil::parse_ack_extra_info(receipt) else {
+        let Some((broker, header)) = ack_header(pop_group, topic.as_str(), receipt) else {
             return Ok(AckPulledOutcome::UnknownKey);
         };
-        let addr = self.master(topic, info.broker_name).await?;
+        let addr = self.master(topic, &broker).await?;
         let lane = self.client.lane().await?;
         let handle = lane.handle();
-        let (group, topic, receipt) = (pop_group.to_owned(), topic.to_string(), receipt.to_owned());
         self.client
             .call(
                 "ack",
                 CALL_TIMEOUT + Duration::from_secs(1),
-                ack_receipt(handle, addr, group, topic, receipt),
+                ack_receipt(handle, addr, topic.to_string(), header),
             )
             .await
     }
@@ -679,7 +679,8 @@ mod tests {
             receipt.as_str().into(),
         );
         assert_eq!(revived_receipt(&revived).as_deref(), Some(receipt.as_str()));
-        let ack = ack_header(group, "orders", &receipt).unwrap();
+        let (broker, ack) = ack_header(group, "orders", &receipt).unwrap();
+        assert_eq!(broker, "broker-a");
         assert_eq!(ack.topic.as_str(), retry_topic);
         assert_eq!((ack.queue_id, ack.offset), (1, 7));
         assert_eq!(ack.consumer_group.as_str(), group);
@@ -687,7 +688,7 @@ mod tests {
         let mut fresh = MessageExt::default();
         fresh.set_topic("orders".into());
         assert_eq!(revived_receipt(&fresh), None);
-        let ack = ack_header(group, "orders", &receipt_of("orders")).unwrap();
+        let (_, ack) = ack_header(group, "orders", &receipt_of("orders")).unwrap();
         assert_eq!(ack.topic.as_str(), "orders");
 
         assert!(ack_header(group, "orders", "not a receipt").is_none());
