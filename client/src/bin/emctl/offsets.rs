@@ -61,9 +61,15 @@ impl PartitionView {
     /// Records not yet ACKed by a group: `end - 1 - watermark` (everything retained when the
     /// group has no watermark).
     pub fn lag(&self, watermark: Option<i64>) -> i64 {
-        let done = watermark.unwrap_or(self.start - 1).max(self.start - 1);
-        (self.end - 1 - done).max(0)
+        lag(self.start, self.end, watermark)
     }
+}
+
+/// Records of a retained range `[start, end)` not yet ACKed by a group: `end - 1 - watermark`
+/// (everything retained when the group has no watermark).
+pub fn lag(start: i64, end: i64, watermark: Option<i64>) -> i64 {
+    let done = watermark.unwrap_or(start - 1).max(start - 1);
+    (end - 1 - done).max(0)
 }
 
 pub const DEFAULT_GROUP: &str = "(default)";

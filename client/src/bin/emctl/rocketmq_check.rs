@@ -18,7 +18,7 @@ use anyhow::Context;
 use eventmesh_proto::puller as puller_pb;
 use eventmesh_proto::puller::puller_service_client::PullerServiceClient;
 
-use crate::offsets::{PartitionView, TopicReportArgs, topic_view};
+use crate::offsets::{PartitionView, TopicReportArgs, lag, topic_view};
 
 /// One queue with what we hold for it.
 #[derive(Debug, Clone, serde::Serialize)]
@@ -244,7 +244,7 @@ fn print_table(check: &Check) {
                 .map_or("-".to_owned(), |c| c.to_string());
             println!(
                 "    group {group:<24} watermark {watermark:>10}  cursor {cursor:>10}  lag {}",
-                (queue.max_offset - 1 - watermark.max(&(queue.min_offset - 1))).max(0)
+                lag(queue.min_offset, queue.max_offset, Some(*watermark))
             );
         }
     }
