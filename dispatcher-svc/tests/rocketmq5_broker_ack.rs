@@ -156,14 +156,23 @@ fn exactly_once(acks: &[BrokerAck], expected: &BTreeSet<(String, i64)>, what: &s
     assert!(twice.is_empty(), "{what}: ACKed more than once: {twice:?}");
 }
 
+/// One name server and broker for every scenario (each starts its own instance and topic):
+/// a broker per scenario, started at once, made topic creation time out on a loaded machine.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn one_broker_ack_per_message_and_only_after_the_clients_ack() {
+async fn broker_acks_through_a_dispatcher() {
     let rocketmq = RocketMq::get();
+    one_broker_ack_per_message_and_only_after_the_clients_ack(rocketmq.namesrv()).await;
+    dead_letters_are_acked_at_the_broker_after_their_dlq_send(rocketmq.namesrv()).await;
+    a_killed_dispatcher_redelivers_and_each_message_is_acked_at_the_broker_once(rocketmq.namesrv())
+        .await;
+}
+
+async fn one_broker_ack_per_message_and_only_after_the_clients_ack(namesrv: &str) {
     let settings = DeliverySettings {
         ack_timeout_ms: 60_000,
         ..fast_settings()
     };
-    let instance = PopInstance::start(rocketmq.namesrv(), "bkack", settings).await;
+    let instance = PopInstance::start(namesrv, "bkack", settings).await;
     let mut client = EventMeshServiceClient::new(lazy(instance.dispatcher.local_addr()));
     const EVENTS: usize = 20;
     publish(&mut client, &instance.topic, 0..EVENTS as u64).await;
@@ -247,15 +256,13 @@ async fn one_broker_ack_per_message_and_only_after_the_clients_ack() {
     exactly_once(&of_second, &every, "second group");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn dead_letters_are_acked_at_the_broker_after_their_dlq_send() {
-    let rocketmq = RocketMq::get();
+async fn dead_letters_are_acked_at_the_broker_after_their_dlq_send(namesrv: &str) {
     let settings = DeliverySettings {
         ack_timeout_ms: 500,
         max_attempts: 2,
         ..fast_settings()
     };
-    let instance = PopInstance::start(rocketmq.namesrv(), "bkdlq", settings).await;
+    let instance = PopInstance::start(namesrv, "bkdlq", settings).await;
     let topic = Topic::new(&instance.topic).unwrap();
     let mut client = EventMeshServiceClient::new(lazy(instance.dispatcher.local_addr()));
     publish(&mut client, &instance.topic, 0..1).await;
@@ -349,10 +356,10 @@ async fn dead_letters_are_acked_at_the_broker_after_their_dlq_send() {
 /// The real dispatcher binary is killed (`kill -9`) after delivering and before any ACK: a new
 /// one delivers every message again (a new POP epoch from the watermark), and each message is
 /// then ACKed at the broker exactly once — the dead dispatcher's receipts never.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_killed_dispatcher_redelivers_and_each_message_is_acked_at_the_broker_once() {
-    let rocketmq = RocketMq::get();
-    let instance = PopInstance::start(rocketmq.namesrv(), "bkkill", fast_settings()).await;
+async fn a_killed_dispatcher_redelivers_and_each_message_is_acked_at_the_broker_once(
+    namesrv: &str,
+) {
+    let instance = PopInstance::start(namesrv, "bkkill", fast_settings()).await;
     let mut client = EventMeshServiceClient::new(lazy(instance.dispatcher.local_addr()));
     const EVENTS: usize = 12;
     publish(&mut client, &instance.topic, 0..EVENTS as u64).await;
