@@ -93,13 +93,13 @@ still_running() {
   return 1
 }
 
-# Waits (up to 30 s) until CHECK... succeeds while the process in PIDFILE lives; says where it
-# is ready, or prints LOG's tail and fails.
+# Waits (up to WAIT_READY_SECONDS, 30 by default) until CHECK... succeeds while the process
+# in PIDFILE lives; says where it is ready, or prints LOG's tail and fails.
 #   wait_ready NAME WHERE PIDFILE LOG CHECK...
 wait_ready() {
   local name="$1" where="$2" pidfile="$3" logfile="$4"
   shift 4
-  for _ in $(seq 1 300); do
+  for _ in $(seq 1 $((${WAIT_READY_SECONDS:-30} * 10))); do
     if "$@" >/dev/null 2>&1; then
       log "$name ready on $where (pid $(cat "$pidfile"))"
       return 0

@@ -15,6 +15,8 @@
 source "$(dirname "$0")/common.sh"
 
 ROCKETMQ_VERSION=1.0.0
+# A name server or broker starting beside busy tests on 2 cores can take well over 30 s.
+WAIT_READY_SECONDS=90
 NAMESRV="$EM_TOOLS/bin/rocketmq-namesrv-rust"
 BROKER="$EM_TOOLS/bin/rocketmq-broker-rust"
 
@@ -39,11 +41,28 @@ install_rocketmq() {
 ready() { curl -sf "http://$1/readyz"; }
 
 # start_broker DIR NAMESRV NAME: a broker named NAME in DIR/NAME, registered with NAMESRV.
+# A free port can be taken by someone else before the broker binds it (tests start brokers
+# side by side): a broker that exits while starting is tried again on other ports, twice.
 start_broker() {
+  local dir="$1" namesrv="$2" name="$3" attempt pidfile
+  pidfile="$dir/$name/broker.pid"
+  still_running "$name" "$pidfile" && return 1
+  for attempt in 1 2 3; do
+    launch_broker "$dir" "$namesrv" "$name" && return 0
+    # Still running: it did not become ready in time; stop it rather than try again.
+    if kill -0 "$(cat "$pidfile")" 2>/dev/null; then
+      stop_pidfile "$pidfile"
+      return 1
+    fi
+    log "$name exited while starting (attempt $attempt of 3)"
+  done
+  return 1
+}
+
+launch_broker() {
   local dir="$1" namesrv="$2" name="$3"
   local home="$dir/$name" port health
   mkdir -p "$home/store" "$home/conf"
-  still_running "$name" "$home/broker.pid" && return 1
   # The fast port is listenPort - 2 and HA is its own: pick a listen port whose -2 is free too.
   while :; do
     port="$(free_port)"
@@ -57,6 +76,9 @@ brokerIp1 = "127.0.0.1"
 brokerIp2 = "127.0.0.1"
 listenPort = $port
 storePathRootDir = "$home/store"
+# A topic registration the broker fails to deliver waits for the next periodic one: 10 s
+# (the least 1.0.0 allows) rather than 30 s.
+registerNameServerPeriod = 10000
 
 [broker.brokerServerConfig]
 bindAddress = "127.0.0.1"

@@ -11,9 +11,22 @@ bash "$REPO_ROOT/scripts/rocketmq.sh" install
 # The cluster tests start a real etcd (Debian's etcd-server) on loopback.
 bash "$REPO_ROOT/scripts/etcd.sh" install
 cd "$REPO_ROOT"
-log "cargo test (target dir: $CARGO_TARGET_DIR)"
 output="$(mktemp)"
-trap 'rm -f "$output"' EXIT
+rocketmq_dir=""
+finish() {
+  [ -n "$rocketmq_dir" ] && bash "$REPO_ROOT/scripts/rocketmq.sh" stop "$rocketmq_dir"
+  rm -rf "$output" "$rocketmq_dir"
+}
+trap finish EXIT
+# One name server and broker serve the run's RocketMQ tests (ROCKETMQ_NAMESRV; tests that
+# freeze, kill or add brokers start their own): fewer brokers starting side by side on 2 cores.
+if [ -z "${ROCKETMQ_NAMESRV:-}" ]; then
+  rocketmq_dir="$(mktemp -d)"
+  bash "$REPO_ROOT/scripts/rocketmq.sh" start "$rocketmq_dir" >/dev/null
+  ROCKETMQ_NAMESRV="$(cat "$rocketmq_dir/namesrv.addr")"
+  export ROCKETMQ_NAMESRV
+fi
+log "cargo test (target dir: $CARGO_TARGET_DIR)"
 status=0
 cargo test --workspace --locked "$@" 2>&1 | tee "$output" || status=$?
 # cargo's last lines are per-crate doc-test results (often "0 passed"); close with the total.

@@ -32,6 +32,24 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::Streaming;
 use tonic::transport::Channel;
 
+/// The in-process services' logs on stderr when `RUST_LOG` is set (`RUST_LOG=puller_svc=debug
+/// cargo test … -- --nocapture` to see why a test failed); nothing otherwise. Once per process.
+pub fn log_if_asked() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    if std::env::var_os("RUST_LOG").is_some() {
+        ONCE.call_once(|| {
+            match eventmesh_common::telemetry::init(
+                "test",
+                eventmesh_common::telemetry::LogFormat::Text,
+            ) {
+                // Lives as long as the process: the test's logs until its end.
+                Ok(guard) => std::mem::forget(guard),
+                Err(err) => eprintln!("no test logs: {err}"),
+            }
+        });
+    }
+}
+
 /// Settings that make tests quick.
 pub fn fast_settings() -> DeliverySettings {
     DeliverySettings {
@@ -145,6 +163,7 @@ pub async fn start_dispatcher(
     offsets: SocketAddr,
     settings: DeliverySettings,
 ) -> (dispatcher_svc::server::RunningServer, Arc<Shared>) {
+    log_if_asked();
     let config = Config {
         listen: "127.0.0.1:0".parse().unwrap(),
         puller: format!("http://{puller}"),

@@ -40,10 +40,15 @@ use crate::storage::StorageError;
 pub const ROUTE_TTL: Duration = Duration::from_secs(1);
 /// Bound of one name-server or broker call (our side; the client has its own).
 pub const CALL_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a created topic may take to show on every broker in the route: one periodic
+/// broker registration (`registerNameServerPeriod`, 30 s by default) and some.
+const ROUTE_REGISTRATION_WAIT: Duration = Duration::from_secs(40);
 /// The broker's answer to an offset query for a group that holds none (`QUERY_NOT_FOUND`).
 const QUERY_NOT_FOUND: i32 = 22;
 /// The broker's answer code for success.
 pub const SUCCESS: i32 = 0;
+/// The broker id of a master in a route's broker addresses (RocketMQ `MixAll.MASTER_ID`).
+const MASTER_ID: u64 = 0;
 /// Permission bits of a queue set (RocketMQ `PermName`).
 const PERM_WRITE: u32 = 0x2;
 const PERM_READ: u32 = 0x4;
@@ -480,7 +485,7 @@ impl RocketMqClient {
             }
         }
         for broker in &data.broker_datas {
-            if let Some(master) = broker.broker_addrs().get(&0) {
+            if let Some(master) = broker.broker_addrs().get(&MASTER_ID) {
                 route
                     .masters
                     .insert(broker.broker_name().to_string(), master.to_string());
@@ -568,6 +573,9 @@ impl RocketMqClient {
             .ok_or_else(|| {
                 StorageError::Invalid(format!("a topic needs 1 to {} queues per broker", i32::MAX))
             })?;
+        // The client creates the topic on the masters the name server lists for the cluster
+        // at this moment; those are the brokers the route must show before we answer.
+        let brokers = self.cluster_brokers().await?;
         let mut producer = self.producer().await?;
         let (cluster, name) = (self.settings.cluster.clone(), topic.to_string());
         self.call("create topic", CALL_TIMEOUT, async move {
@@ -577,24 +585,67 @@ impl RocketMqClient {
                 .map_err(|err| unavailable("create topic", &err))
         })
         .await?;
-        self.forget_route(topic);
-        // The brokers register the topic with the name server as they create it; wait until
-        // the route shows it, so the next call finds the topic.
-        let deadline = Instant::now() + CALL_TIMEOUT;
+        // Each broker registers the new topic with the name server as it creates it, but
+        // drops that registration silently when it fails (a busy or just-started broker);
+        // its next periodic registration carries it. Until every broker shows the topic a
+        // send or a reader would miss its queues there, so wait for all of them.
+        let deadline = Instant::now() + ROUTE_REGISTRATION_WAIT;
         loop {
-            match self.route(topic).await {
-                Ok(_) => return Ok(true),
-                Err(StorageError::UnknownTopic(_)) if Instant::now() < deadline => {
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
-                Err(StorageError::UnknownTopic(_)) => {
-                    return Err(StorageError::Unavailable(format!(
-                        "rocketmq created {topic} but the name server shows no route for it"
-                    )));
-                }
+            self.forget_route(topic);
+            let missing: Vec<&str> = match self.route(topic).await {
+                Ok(route) => brokers
+                    .iter()
+                    .filter(|broker| !route.masters.contains_key(*broker))
+                    .map(String::as_str)
+                    .collect(),
+                Err(StorageError::UnknownTopic(_)) => brokers.iter().map(String::as_str).collect(),
                 Err(err) => return Err(err),
+            };
+            if missing.is_empty() {
+                return Ok(true);
             }
+            if Instant::now() >= deadline {
+                self.forget_route(topic);
+                return Err(StorageError::Unavailable(format!(
+                    "rocketmq created {topic}, but after {} s the name server's route still \
+                     lacks broker(s) {}: a broker registers a topic when it creates it, else \
+                     at its next periodic registration (registerNameServerPeriod)",
+                    ROUTE_REGISTRATION_WAIT.as_secs(),
+                    missing.join(", ")
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
         }
+    }
+
+    /// The brokers of our cluster that have a master, as the name server lists them.
+    async fn cluster_brokers(&self) -> Result<Vec<String>, StorageError> {
+        let handle = self.handle().await?;
+        let cluster = self.settings.cluster.clone();
+        let data = self
+            .call("cluster route", CALL_TIMEOUT, async move {
+                handle
+                    .topic_route(&cluster, CALL_TIMEOUT.as_millis() as u64)
+                    .await
+                    .map_err(|err| unavailable("cluster route", &err))
+            })
+            .await?;
+        let brokers: Vec<String> = data
+            .map(|data| {
+                data.broker_datas
+                    .iter()
+                    .filter(|broker| broker.broker_addrs().contains_key(&MASTER_ID))
+                    .map(|broker| broker.broker_name().to_string())
+                    .collect()
+            })
+            .unwrap_or_default();
+        if brokers.is_empty() {
+            return Err(StorageError::Unavailable(format!(
+                "rocketmq cluster {} has no master broker registered with the name server",
+                self.settings.cluster
+            )));
+        }
+        Ok(brokers)
     }
 
     /// A queue's retained range `[min, max)`, from its broker.
