@@ -55,8 +55,10 @@ impl PopInstance {
         .await
         .unwrap();
         let recorder = RecordingStorage::new(Arc::new(storage));
-        // A shared broker keeps topics between test processes: names of our own.
-        let topic = format!("{name}-{}-{}", std::process::id(), rand::random::<u32>());
+        // A shared broker keeps topics between test processes: names of our own. As long as
+        // RocketMQ allows (123 characters: its dead-letter topic `<topic>_DLQ` takes 127).
+        let topic = format!("{name}-{}-{}-", std::process::id(), rand::random::<u32>());
+        let topic = format!("{topic:x<123}");
         recorder
             .create_topic(&Topic::new(&topic).unwrap(), 2)
             .await
@@ -179,7 +181,12 @@ async fn one_broker_ack_per_message_and_only_after_the_clients_ack(namesrv: &str
 
     let mut first = instance.session("first").await;
     let deliveries = first.deliveries(EVENTS, Duration::from_secs(30)).await;
-    assert_eq!(deliveries.len(), EVENTS, "every message delivered");
+    assert_eq!(
+        deliveries.len(),
+        EVENTS,
+        "every message delivered; the puller's calls:\n{}",
+        instance.recorder.story()
+    );
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert!(
         instance.broker_acks_now().is_empty(),
@@ -240,11 +247,17 @@ async fn one_broker_ack_per_message_and_only_after_the_clients_ack(namesrv: &str
         "no broker ACK repeated"
     );
 
-    // A second group on the topic gets every message too and ACKs on its own.
-    let mut second = instance.session("second").await;
+    // A second group on the topic gets every message too and ACKs on its own; its name is as
+    // long as a group name can be (128 characters; its POP groups take 159 of the broker's 255).
+    let mut second = instance.session(&format!("{:s<128}", "second")).await;
     let again = second.deliveries(EVENTS, Duration::from_secs(30)).await;
     let again_records: BTreeSet<(String, i64)> = again.iter().map(record_of).collect();
-    assert_eq!(again_records, every, "the second group gets every message");
+    assert_eq!(
+        again_records,
+        every,
+        "the second group gets every message; the puller's calls:\n{}",
+        instance.recorder.story()
+    );
     second.ack_durably(&again).await;
     let acks = instance
         .broker_acks(2 * EVENTS, Duration::from_secs(15))
@@ -367,7 +380,12 @@ async fn a_killed_dispatcher_redelivers_and_each_message_is_acked_at_the_broker_
     let mut doomed = Dispatcher::start(puller, instance.offsets, None);
     let mut first = instance.session_at(doomed.addr, "crashing").await;
     let delivered = first.deliveries(EVENTS, Duration::from_secs(30)).await;
-    assert_eq!(delivered.len(), EVENTS, "every message delivered");
+    assert_eq!(
+        delivered.len(),
+        EVENTS,
+        "every message delivered; the puller's calls:\n{}",
+        instance.recorder.story()
+    );
     doomed.kill9();
     drop(first);
     assert!(
@@ -380,7 +398,12 @@ async fn a_killed_dispatcher_redelivers_and_each_message_is_acked_at_the_broker_
     let redelivered = again.deliveries(EVENTS, Duration::from_secs(30)).await;
     let every: BTreeSet<(String, i64)> = delivered.iter().map(record_of).collect();
     let back: BTreeSet<(String, i64)> = redelivered.iter().map(record_of).collect();
-    assert_eq!(back, every, "every un-ACKed message delivered again");
+    assert_eq!(
+        back,
+        every,
+        "every un-ACKed message delivered again; the puller's calls:\n{}",
+        instance.recorder.story()
+    );
     again.ack_durably(&redelivered).await;
     let acks = instance.broker_acks(EVENTS, Duration::from_secs(15)).await;
     exactly_once(&acks, &every, "after the crash");

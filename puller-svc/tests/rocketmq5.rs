@@ -54,6 +54,7 @@ async fn rocketmq5_backend_against_a_real_broker() {
     a_position_past_the_end_is_reported(namesrv).await;
     lite_channels_are_refused(namesrv).await;
     worn_epochs_switch_without_skipping_anything(namesrv).await;
+    the_longest_names_pop_and_ack(namesrv).await;
 }
 
 /// A frozen broker (SIGSTOP) under POP: UNAVAILABLE or nothing while frozen, then every
@@ -260,6 +261,28 @@ async fn a_position_past_the_end_is_reported(namesrv: &str) {
         got.extend(ids(&poll_n(&storage, &group, 2 - got.len()).await));
     }
     assert_eq!(got, ["e0", "e1"]);
+}
+
+/// The longest topic RocketMQ takes (123 characters: `<topic>_DLQ` must fit in 127) and the
+/// longest group of ours (a BROADCAST client's own: `~` and 128 characters) pop and ACK at
+/// the broker; their POP groups stay inside the broker's 255.
+async fn the_longest_names_pop_and_ack(namesrv: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let storage = storage_at(namesrv, dir.path()).await;
+    let topic = format!("em-rmq5-long-{}-", std::process::id());
+    let topic = Topic::new(format!("{topic:x<123}")).unwrap();
+    storage.create_topic(&topic, 1).await.unwrap();
+    send_all(&storage, &topic, 3).await;
+    let group = reader(Some(&format!("~{}", "c".repeat(128))), &topic);
+    let batch = poll_n(&storage, &group, 3).await;
+    assert_eq!(ids(&batch), ["e0", "e1", "e2"]);
+    for record in &batch.records {
+        let outcome = storage
+            .ack_pulled(&group, record.ack_key.as_deref().unwrap())
+            .await
+            .unwrap();
+        assert_eq!(outcome, AckPulledOutcome::Acked);
+    }
 }
 
 async fn lite_channels_are_refused(namesrv: &str) {

@@ -22,6 +22,12 @@ pub enum Call {
         topic: String,
         records: Vec<(String, i64)>,
     },
+    /// A poll that failed, and why.
+    PollFailed {
+        group: Option<String>,
+        topic: String,
+        error: String,
+    },
     /// A send and where it landed (`None`: it failed).
     Send {
         topic: String,
@@ -39,6 +45,8 @@ pub enum Call {
 pub struct RecordingStorage {
     inner: Arc<dyn Storage>,
     calls: Mutex<Vec<Call>>,
+    /// Polls that returned no record (not in `calls`: a waiting reader makes many).
+    empty_polls: std::sync::atomic::AtomicU64,
     /// The `(partition, offset)` of each polled record that carried a broker-ACK key.
     ack_keys: Mutex<HashMap<String, (String, i64)>>,
 }
@@ -49,6 +57,7 @@ impl RecordingStorage {
         Arc::new(RecordingStorage {
             inner,
             calls: Mutex::new(Vec::new()),
+            empty_polls: std::sync::atomic::AtomicU64::new(0),
             ack_keys: Mutex::new(HashMap::new()),
         })
     }
@@ -72,6 +81,17 @@ impl RecordingStorage {
     /// The `(partition, offset)` of the polled record whose broker-ACK key is `ack_key`.
     pub fn acked_record(&self, ack_key: &str) -> Option<(String, i64)> {
         self.ack_keys.lock().unwrap().get(ack_key).cloned()
+    }
+
+    /// What the puller did, for a failing test's message: every call in order, then how many
+    /// polls found nothing.
+    pub fn story(&self) -> String {
+        let mut story: Vec<String> = self.calls().iter().map(|c| format!("{c:?}")).collect();
+        story.push(format!(
+            "and {} polls that found nothing",
+            self.empty_polls.load(std::sync::atomic::Ordering::Relaxed)
+        ));
+        story.join("\n")
     }
 
     fn record(&self, call: Call) {
@@ -140,8 +160,21 @@ impl Storage for RecordingStorage {
         selection: &Selection,
         limits: PollLimits,
     ) -> Result<PolledBatch, StorageError> {
-        let batch = self.inner.poll(reader, selection, limits).await?;
-        if !batch.records.is_empty() {
+        let batch = match self.inner.poll(reader, selection, limits).await {
+            Ok(batch) => batch,
+            Err(err) => {
+                self.record(Call::PollFailed {
+                    group: reader.group.as_ref().map(|g| g.to_string()),
+                    topic: reader.topic.to_string(),
+                    error: err.to_string(),
+                });
+                return Err(err);
+            }
+        };
+        if batch.records.is_empty() {
+            self.empty_polls
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        } else {
             let mut keys = self.ack_keys.lock().unwrap();
             for record in &batch.records {
                 if let Some(key) = &record.ack_key {

@@ -48,6 +48,9 @@ pub struct QueuePosition {
     pub pops: u64,
 }
 
+/// How many characters [`Epochs::group_name`] adds to a POP group: `-` and 16 hex digits.
+pub const EPOCH_SUFFIX_CHARS: usize = 17;
+
 /// Every reader's epoch, and the file that outlives the process.
 pub struct Epochs {
     dir: PathBuf,
@@ -70,7 +73,8 @@ impl Epochs {
         }
     }
 
-    /// The broker group of `base` (the reader's POP group) in `epoch`.
+    /// The broker group of `base` (the reader's POP group) in `epoch`: `base` and
+    /// [`EPOCH_SUFFIX_CHARS`] more.
     pub fn group_name(base: &str, epoch: u64) -> String {
         format!("{base}-{epoch:016x}")
     }
@@ -160,6 +164,9 @@ mod tests {
             Epochs::group_name("eventmesh-pop_g", 0x1a),
             "eventmesh-pop_g-000000000000001a"
         );
+        for epoch in [0, 1, u64::MAX] {
+            assert_eq!(Epochs::group_name("b", epoch).len(), 1 + EPOCH_SUFFIX_CHARS);
+        }
         let receipt = "0 1700000000000 300000 0 0 broker-a 1 7";
         let key = Epochs::ack_key(42, receipt);
         assert_eq!(Epochs::parse_ack_key(&key), Some((42, receipt)));
