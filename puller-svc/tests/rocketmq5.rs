@@ -55,6 +55,7 @@ async fn rocketmq5_backend_against_a_real_broker() {
     lite_channels_are_refused(namesrv).await;
     worn_epochs_switch_without_skipping_anything(namesrv).await;
     the_longest_names_pop_and_ack(namesrv).await;
+    many_groups_at_once_each_get_every_message(namesrv).await;
 }
 
 /// A frozen broker (SIGSTOP) under POP: UNAVAILABLE or nothing while frozen, then every
@@ -283,6 +284,37 @@ async fn the_longest_names_pop_and_ack(namesrv: &str) {
             .unwrap();
         assert_eq!(outcome, AckPulledOutcome::Acked);
     }
+}
+
+/// Sixteen groups popping one topic at the same time, each under its own broker groups: each
+/// gets every message once, and every broker ACK is accepted.
+async fn many_groups_at_once_each_get_every_message(namesrv: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let storage = storage_at(namesrv, dir.path()).await;
+    let topic = Topic::new(format!("em-rmq5-many-{}", std::process::id())).unwrap();
+    storage.create_topic(&topic, 2).await.unwrap();
+    send_all(&storage, &topic, 20).await;
+    let mut want: Vec<String> = (0..20).map(|i| format!("e{i}")).collect();
+    want.sort();
+    let groups: Vec<String> = (0..16).map(|i| format!("many.{i}")).collect();
+    futures::future::join_all(groups.iter().map(|name| {
+        let (storage, topic, want) = (&storage, &topic, &want);
+        async move {
+            let group = reader(Some(name), topic);
+            let batch = poll_n(storage, &group, 20).await;
+            let mut got = ids(&batch);
+            got.sort();
+            assert_eq!(&got, want, "group {name}: every message once");
+            for record in &batch.records {
+                let outcome = storage
+                    .ack_pulled(&group, record.ack_key.as_deref().unwrap())
+                    .await
+                    .unwrap();
+                assert_eq!(outcome, AckPulledOutcome::Acked, "group {name}");
+            }
+        }
+    }))
+    .await;
 }
 
 async fn lite_channels_are_refused(namesrv: &str) {
