@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use std::time::Instant;
 
-use metrics::{Counter, Gauge, Label};
+use metrics::{Counter, Gauge, Histogram, Label};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
 use metrics_util::MetricKindMask;
 
@@ -100,6 +100,22 @@ impl<H> Kept<H> {
 pub type KeptCounter = Kept<Counter>;
 /// A kept gauge.
 pub type KeptGauge = Kept<Gauge>;
+/// A kept histogram.
+pub type KeptHistogram = Kept<Histogram>;
+
+impl Kept<Histogram> {
+    /// The histogram `name` with `labels`.
+    pub fn histogram(name: &'static str, labels: Vec<Label>) -> Self {
+        Kept::new(name, labels, |name, labels| {
+            metrics::histogram!(name, labels.to_vec())
+        })
+    }
+
+    /// Records `value`.
+    pub fn record(&mut self, value: f64) {
+        self.handle().record(value);
+    }
+}
 
 impl Kept<Counter> {
     /// The counter `name` with `labels`.

@@ -2,7 +2,9 @@
 //!
 //! The stream opens with the session's `Opened`; then the session task hands the group's
 //! [`Outbound`] messages to a bounded channel and [`Responses`] turns them into messages (an
-//! `End` status ends the stream, after what came before it). Each time the transport asks for the next message it takes what is ready —
+//! `End` status ends the stream, after what came before it). A delivery becomes its message
+//! here — its event decoded, its text fields made — on the session's task, so that work is
+//! spread over the cores rather than done by the group's one actor. Each time the transport asks for the next message it takes what is ready —
 //! never waiting for more, so a lone delivery is not held back — up to [`MAX_BATCH_ITEMS`]
 //! items and about [`MAX_BATCH_BYTES`] encoded, and sends several as one
 //! `ResponseBatch` (one ready item alone keeps its single-item form). A delivery's ACK clock
@@ -38,7 +40,7 @@ pub struct Responses {
     opened: Option<pb::Opened>,
     items: mpsc::Receiver<Outbound>,
     /// Taken from the channel but not fitting the previous message.
-    carried: Option<Outbound>,
+    carried: Option<Prepared>,
     session: u64,
     ack_timeout: Duration,
     meter: Arc<Meter>,
@@ -61,6 +63,39 @@ impl Responses {
             session,
             ack_timeout,
             meter,
+        }
+    }
+}
+
+/// An item of the session's channel made ready to send: a delivery becomes its message here,
+/// on the session's task (the group's actor only says what it is made of).
+// At most one is kept (carried to the next message): boxing the delivery would cost an
+// allocation per delivery to save stack space.
+#[allow(clippy::large_enum_variant)]
+enum Prepared {
+    Delivery {
+        message: pb::Delivery,
+        seq: u64,
+        group: mpsc::UnboundedSender<GroupCmd>,
+    },
+    Result(pb::AckResult),
+    End(Status),
+}
+
+impl From<Outbound> for Prepared {
+    fn from(item: Outbound) -> Prepared {
+        match item {
+            Outbound::Delivery {
+                sending,
+                seq,
+                group,
+            } => Prepared::Delivery {
+                message: sending.into_message(),
+                seq,
+                group,
+            },
+            Outbound::Result(result) => Prepared::Result(result),
+            Outbound::End(status) => Prepared::End(status),
         }
     }
 }
@@ -94,11 +129,11 @@ impl Taker<'_> {
 
 /// An item's encoded size: data, key, attributes and all (a client's message limit counts
 /// every byte).
-fn encoded_len(item: &Outbound) -> usize {
+fn encoded_len(item: &Prepared) -> usize {
     match item {
-        Outbound::Delivery { message, .. } => message.encoded_len(),
-        Outbound::Result(result) => result.encoded_len(),
-        Outbound::End(_) => 0,
+        Prepared::Delivery { message, .. } => message.encoded_len(),
+        Prepared::Result(result) => result.encoded_len(),
+        Prepared::End(_) => 0,
     }
 }
 
@@ -115,7 +150,7 @@ impl Stream for Responses {
         let first = match this.carried.take() {
             Some(item) => item,
             None => match this.items.poll_recv(cx) {
-                Poll::Ready(Some(item)) => item,
+                Poll::Ready(Some(item)) => Prepared::from(item),
                 Poll::Ready(None) => return Poll::Ready(None),
                 Poll::Pending => return Poll::Pending,
             },
@@ -126,16 +161,16 @@ impl Stream for Responses {
             meter: &this.meter,
         };
         let queued = this.items.len().min(MAX_BATCH_ITEMS - 1);
-        if queued == 0 || matches!(first, Outbound::End(_)) {
+        if queued == 0 || matches!(first, Prepared::End(_)) {
             // A lone item keeps its single form (and needs no batch); an end ends the stream.
             let kind = match first {
-                Outbound::Delivery {
+                Prepared::Delivery {
                     message,
                     seq,
                     group,
                 } => subscribe_response::Kind::Delivery(taker.take(message, seq, &group)),
-                Outbound::Result(result) => subscribe_response::Kind::AckResult(result),
-                Outbound::End(status) => return Poll::Ready(Some(Err(status))),
+                Prepared::Result(result) => subscribe_response::Kind::AckResult(result),
+                Prepared::End(status) => return Poll::Ready(Some(Err(status))),
             };
             return Poll::Ready(Some(Ok(SubscribeResponse { kind: Some(kind) })));
         }
@@ -145,7 +180,7 @@ impl Stream for Responses {
         let capacity = queued + 1;
         let mut batch = pb::ResponseBatch::default();
         let add = |batch: &mut pb::ResponseBatch, item| match item {
-            Outbound::Delivery {
+            Prepared::Delivery {
                 message,
                 seq,
                 group,
@@ -155,13 +190,13 @@ impl Stream for Responses {
                 }
                 batch.deliveries.push(taker.take(message, seq, &group));
             }
-            Outbound::Result(result) => {
+            Prepared::Result(result) => {
                 if batch.ack_results.capacity() == 0 {
                     batch.ack_results.reserve_exact(capacity);
                 }
                 batch.ack_results.push(result);
             }
-            Outbound::End(_) => {} // never gathered: carried to the next message below
+            Prepared::End(_) => {} // never gathered: carried to the next message below
         };
         add(&mut batch, first);
         let mut count = 1;
@@ -169,8 +204,9 @@ impl Stream for Responses {
             let Ok(next) = this.items.try_recv() else {
                 break;
             };
+            let next = Prepared::from(next);
             let size = encoded_len(&next);
-            if matches!(next, Outbound::End(_)) || bytes + size > MAX_BATCH_BYTES {
+            if matches!(next, Prepared::End(_)) || bytes + size > MAX_BATCH_BYTES {
                 this.carried = Some(next);
                 break;
             }
@@ -197,18 +233,44 @@ impl Stream for Responses {
 mod tests {
     #![allow(clippy::unwrap_used)]
 
+    use bytes::Bytes;
+    use eventmesh_common::keys::{PartitionId, Topic};
     use futures::StreamExt;
 
     use super::*;
+    use crate::delivery_id::DeliveryId;
+    use crate::group::Sending;
 
-    fn delivery(n: u64, data_bytes: usize) -> pb::Delivery {
-        pb::Delivery {
-            delivery_id: format!("d{n}"),
-            event: Some(pb::Event {
-                data: vec![b'x'; data_bytes].into(),
-                ..pb::Event::default()
-            }),
-            ..pb::Delivery::default()
+    /// Delivery `n`'s id as the client sees it.
+    fn id_of(n: u64) -> String {
+        DeliveryId {
+            epoch: 1,
+            group: 1,
+            seq: n,
+        }
+        .to_text()
+    }
+
+    /// Delivery `n` on its way, its event carrying `data_bytes` of data.
+    fn delivery(n: u64, data_bytes: usize) -> Sending {
+        let (body, _) = crate::event::encode_for_publish(pb::Event {
+            data: vec![b'x'; data_bytes].into(),
+            ..pb::Event::default()
+        })
+        .unwrap();
+        Sending {
+            id: DeliveryId {
+                epoch: 1,
+                group: 1,
+                seq: n,
+            },
+            attempt: 1,
+            topic: Topic::new("t").unwrap(),
+            partition: PartitionId::number(0),
+            offset: n as i64,
+            decodable: true,
+            body,
+            key: Bytes::new(),
         }
     }
 
@@ -243,7 +305,7 @@ mod tests {
     impl Harness {
         async fn deliver(&self, n: u64, data_bytes: usize) {
             let item = Outbound::Delivery {
-                message: delivery(n, data_bytes),
+                sending: delivery(n, data_bytes),
                 seq: n,
                 group: self.group.clone(),
             };
@@ -269,7 +331,7 @@ mod tests {
         h.deliver(1, 10).await;
         match h.next().await {
             subscribe_response::Kind::Delivery(d) => {
-                assert_eq!(d.delivery_id, "d1");
+                assert_eq!(d.delivery_id, id_of(1));
                 assert!(d.ack_deadline_unix_ms > 0, "the deadline is stamped");
             }
             other => panic!("{other:?}"),
@@ -282,7 +344,7 @@ mod tests {
                 ..
             })
         ));
-        h.result("d1").await;
+        h.result(&id_of(1)).await;
         assert!(matches!(
             h.next().await,
             subscribe_response::Kind::AckResult(_)
@@ -309,7 +371,7 @@ mod tests {
             .iter()
             .map(|d| d.delivery_id.clone())
             .collect();
-        let expected: Vec<_> = (0..MAX_BATCH_ITEMS).map(|n| format!("d{n}")).collect();
+        let expected: Vec<_> = (0..MAX_BATCH_ITEMS as u64).map(id_of).collect();
         assert_eq!(ids, expected, "deliveries keep their order");
         let subscribe_response::Kind::Batch(second) = h.next().await else {
             panic!("a batch")
@@ -350,10 +412,10 @@ mod tests {
         };
         assert_eq!(first.deliveries.len(), 3);
         assert!(
-            matches!(h.next().await, subscribe_response::Kind::Delivery(d) if d.delivery_id == "d3")
+            matches!(h.next().await, subscribe_response::Kind::Delivery(d) if d.delivery_id == id_of(3))
         );
         assert!(
-            matches!(h.next().await, subscribe_response::Kind::Delivery(d) if d.delivery_id == "d4")
+            matches!(h.next().await, subscribe_response::Kind::Delivery(d) if d.delivery_id == id_of(4))
         );
     }
 

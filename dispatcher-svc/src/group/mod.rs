@@ -1,7 +1,10 @@
 //! One subscription group on this instance: the reliable dispatcher (DESIGN §3, §4, §7).
 //!
 //! A group is an actor task that alone owns its state — sessions, deliveries, timers and the
-//! gap-free watermarks — so nothing on the delivery path takes a lock. Its inputs are
+//! gap-free watermarks — so nothing on the delivery path takes a lock. One actor runs on one
+//! core at a time, so it does only the bookkeeping: a delivery's message is built by the
+//! session's stream ([`Sending`]), queued commands are taken in batches, and
+//! `dispatcher_group_busy_seconds` tells how close the group is to that ceiling. Its inputs are
 //! [`GroupCmd`]s: pulled batches from its pull loop, joins and leaves of sessions, ACK / NACK /
 //! Extend from clients, "written" notices from session streams, and notices from the offset
 //! writer and the dead-letter writer.
@@ -50,9 +53,13 @@ use crate::delivery_id::DeliveryId;
 use crate::offset_writer::{WriteJob, WriteNotice};
 use crate::registry::{GroupKey, Shared};
 use crate::watermark::{ClientWatermark, GroupWatermark};
-use eventmesh_common::metrics::KeptCounter;
+use eventmesh_common::metrics::{KeptCounter, KeptHistogram};
+use metrics::Label;
 
-pub use state::{Delivery, DeliveryState};
+pub use state::{Delivery, DeliveryState, Sending};
+
+/// Most commands one wake-up of the actor handles before it looks at its timers again.
+const COMMANDS_PER_WAKE: usize = 64;
 
 /// How often settled-but-unwritten watermark progress (skipped offsets, idle partitions) is
 /// flushed.
@@ -63,15 +70,12 @@ const IDLE_FLUSH: Duration = Duration::from_millis(500);
 type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
 
 /// What a session receives from its group, in order.
-// Deliveries are nearly all of the traffic: boxing the big variant would cost an allocation
-// per delivery to save channel slot space.
-#[allow(clippy::large_enum_variant)]
 #[derive(Debug)]
 pub enum Outbound {
     /// A delivery to write to the client; the stream reports back when it has.
     Delivery {
-        /// The delivery (its ACK deadline is filled in when written).
-        message: pb::Delivery,
+        /// The delivery, made a message by the stream (its ACK deadline stamped then).
+        sending: Sending,
         /// The group's sequence number of it.
         seq: u64,
         /// Where to report that it was written.
@@ -221,6 +225,10 @@ pub(crate) struct Group {
     /// `dispatcher_deliveries_total` and `dispatcher_acks_total`, kept (counted per event).
     deliveries_total: KeptCounter,
     acks_total: KeptCounter,
+    /// `dispatcher_group_busy_seconds` ([`Group::report_busy`]), and the time at work not
+    /// reported yet.
+    busy: KeptHistogram,
+    busy_time: Duration,
     shared: Arc<Shared>,
     key: GroupKey,
     number: u64,
@@ -308,6 +316,17 @@ pub(crate) fn spawn(
         settle_scratch: Vec::new(),
         deliveries_total: KeptCounter::counter("dispatcher_deliveries_total", Vec::new()),
         acks_total: KeptCounter::counter("dispatcher_acks_total", Vec::new()),
+        busy_time: Duration::ZERO,
+        busy: KeptHistogram::histogram(
+            "dispatcher_group_busy_seconds",
+            vec![
+                Label::new("topic", init.key.topic.to_string()),
+                Label::new(
+                    "group",
+                    eventmesh_common::metrics::group_label(&init.key.label()),
+                ),
+            ],
+        ),
         key: init.key,
         number: init.number,
         budget: init.budget,
@@ -339,6 +358,18 @@ fn now_unix_ms() -> i64 {
         .map_or(0, |d| d.as_millis() as i64)
 }
 
+/// What woke the actor.
+enum Wake {
+    /// A command (`None`: every sender is gone); more queued ones are taken with it.
+    Command(Option<GroupCmd>),
+    /// A timer is due.
+    Timers,
+    /// The periodic flush.
+    Flush,
+    /// The offset writer's health changed (`false`: the writer is gone).
+    Health(bool),
+}
+
 /// An answer to a client about the delivery it named `delivery_id`.
 fn result(delivery_id: String, outcome: AckOutcome, detail: &str) -> Outbound {
     Outbound::Result(pb::AckResult {
@@ -361,41 +392,64 @@ impl Group {
                 (Some(a), Some(b)) => Some(a.min(b)),
                 (a, b) => a.or(b),
             };
-            tokio::select! {
-                command = commands.recv() => match command {
-                    Some(GroupCmd::Stop) | None => break,
-                    Some(GroupCmd::End { status, reply }) => {
-                        let ended = self.end_sessions(&status);
-                        if let Some(reply) = reply {
-                            let _ = reply.send(ended);
-                        }
-                        break;
+            let woke = tokio::select! {
+                command = commands.recv() => Wake::Command(command),
+                () = sleep_until(wake) => Wake::Timers,
+                _ = flush.tick() => Wake::Flush,
+                changed = health.changed() => Wake::Health(changed.is_ok()),
+            };
+            let working = Instant::now();
+            // Commands check for settled ACKs due one by one (in `take`); other wake-ups here.
+            let by_command = matches!(woke, Wake::Command(_));
+            let go_on = match woke {
+                Wake::Command(command) => {
+                    // What else is queued is handled in the same wake-up (a bounded number, so
+                    // timers and flushes keep their turn): one pass of the select per command
+                    // cost more than most commands.
+                    let mut go_on = self.take(command, &commands);
+                    let mut taken = 1;
+                    while go_on && taken < COMMANDS_PER_WAKE {
+                        let Ok(next) = commands.try_recv() else {
+                            break;
+                        };
+                        go_on = self.take(Some(next), &commands);
+                        taken += 1;
                     }
-                    Some(command) => self.handle(command),
-                },
-                () = sleep_until(wake) => self.on_timers(Instant::now()),
-                _ = flush.tick() => {
+                    go_on
+                }
+                Wake::Timers => {
+                    self.on_timers(working);
+                    true
+                }
+                Wake::Flush => {
                     self.flush_watermarks();
-                    self.check_stalled(Instant::now());
+                    self.check_stalled(working);
                     // Deliveries held back while the instance's lease was late go out now.
                     self.pump();
+                    self.report_busy();
+                    true
                 }
-                changed = health.changed() => {
-                    if changed.is_ok() {
-                        self.writes_healthy = *health.borrow_and_update();
-                        self.update_gate();
-                    }
+                Wake::Health(true) => {
+                    self.writes_healthy = *health.borrow_and_update();
+                    self.update_gate();
+                    true
                 }
+                Wake::Health(false) => true,
+            };
+            if !go_on {
+                break;
             }
-            if self.settled.due(commands.is_empty()) {
+            if !by_command && self.settled.due(commands.is_empty()) {
                 self.flush_settled();
             }
+            self.busy_time += working.elapsed();
             if self.closing && self.deliveries.is_empty() {
                 break;
             }
         }
         self.flush_settled();
         self.flush_watermarks();
+        self.report_busy();
         let _ = self.gate.send(PullGate::Closed);
         // Batches still queued were never admitted: return their budget.
         commands.close();
@@ -409,6 +463,42 @@ impl Group {
         self.shared.group_ended(&self.key, self.number);
         let _ = self.ended.send(true);
         tracing::info!(group = %self.key, "subscription group ended");
+    }
+
+    /// Handles one command, then hands settled ACKs to the writer if they are due; `false`
+    /// when the actor must end (`None`: every sender is gone).
+    fn take(
+        &mut self,
+        command: Option<GroupCmd>,
+        queue: &mpsc::UnboundedReceiver<GroupCmd>,
+    ) -> bool {
+        match command {
+            Some(GroupCmd::Stop) | None => false,
+            Some(GroupCmd::End { status, reply }) => {
+                let ended = self.end_sessions(&status);
+                if let Some(reply) = reply {
+                    let _ = reply.send(ended);
+                }
+                false
+            }
+            Some(command) => {
+                self.handle(command);
+                if self.settled.due(queue.is_empty()) {
+                    self.flush_settled();
+                }
+                true
+            }
+        }
+    }
+
+    /// Records in `dispatcher_group_busy_seconds` the time the actor spent at work since the
+    /// last report (once per flush interval, and when the group ends): its `_sum` grows by one
+    /// second per second when the group is at its ceiling (one actor, one core at most), so
+    /// `rate(..._sum)` is how busy the group's actor is, and the sum over a run divided by the
+    /// events it handled is what one event costs it.
+    fn report_busy(&mut self) {
+        self.busy.record(self.busy_time.as_secs_f64());
+        self.busy_time = Duration::ZERO;
     }
 
     /// Tells every session the group ended under it; returns how many there were.
@@ -1046,9 +1136,10 @@ mod tests {
                 charge,
             })
             .unwrap();
-        let Some(Outbound::Delivery { message, seq, .. }) = outbound.recv().await else {
+        let Some(Outbound::Delivery { sending, seq, .. }) = outbound.recv().await else {
             panic!("a delivery");
         };
+        let message = sending.into_message();
         commands
             .send(GroupCmd::Written {
                 seq,

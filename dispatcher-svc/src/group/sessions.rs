@@ -51,7 +51,7 @@ impl Group {
             let Some(delivery) = self.deliveries.get_mut(&seq) else {
                 continue;
             };
-            let message = delivery.message(&self.key.topic);
+            let sending = delivery.sending(&self.key.topic);
             delivery.state = DeliveryState::Assigned {
                 session: slot.link.id,
             };
@@ -59,7 +59,7 @@ impl Group {
             let client_key = (slot.link.client.clone(), delivery.partition.clone());
             let offset = delivery.offset;
             let sent = slot.link.out.send(Outbound::Delivery {
-                message,
+                sending,
                 seq,
                 group: self.cmd_tx.clone(),
             });

@@ -50,6 +50,50 @@ impl DeliveryState {
     }
 }
 
+/// A delivery on its way to a session, not yet a message: the session's stream decodes the
+/// event and makes the text fields ([`Sending::into_message`]), so that per-delivery work runs
+/// on the sessions' tasks, spread over the cores, instead of on the group's one actor.
+#[derive(Debug, Clone)]
+pub struct Sending {
+    /// Its id.
+    pub id: DeliveryId,
+    /// This attempt.
+    pub attempt: u32,
+    /// The topic.
+    pub topic: Topic,
+    /// The MQ partition.
+    pub partition: PartitionId,
+    /// The MQ offset.
+    pub offset: i64,
+    /// Whether `body` decodes (checked at intake).
+    pub decodable: bool,
+    /// The body as pulled.
+    pub body: Bytes,
+    /// The record's ordering key.
+    pub key: Bytes,
+}
+
+impl Sending {
+    /// The message for the client (the deadline is stamped when written).
+    pub fn into_message(self) -> pb::Delivery {
+        let event = if self.decodable {
+            crate::event::decode_for_delivery(&self.body).ok()
+        } else {
+            None
+        };
+        pb::Delivery {
+            delivery_id: self.id.to_text(),
+            attempt: self.attempt,
+            topic: self.topic.to_string(),
+            partition: self.partition.to_string(),
+            offset: self.offset,
+            event,
+            ack_deadline_unix_ms: 0,
+            key: self.key,
+        }
+    }
+}
+
 /// One tracked delivery.
 #[derive(Debug)]
 pub struct Delivery {
@@ -115,21 +159,17 @@ impl Delivery {
         }
     }
 
-    /// The message for the client (the deadline is stamped when written).
-    pub fn message(&self, topic: &Topic) -> pb::Delivery {
-        let event = if self.decodable {
-            crate::event::decode_for_delivery(&self.body).ok()
-        } else {
-            None
-        };
-        pb::Delivery {
-            delivery_id: self.id.to_text(),
+    /// What its message for the client is made of, for the session's stream to build
+    /// ([`Sending::into_message`]): the group's actor only counts references here.
+    pub fn sending(&self, topic: &Topic) -> Sending {
+        Sending {
+            id: self.id,
             attempt: self.attempt,
-            topic: topic.to_string(),
-            partition: self.partition.to_string(),
+            topic: topic.clone(),
+            partition: self.partition.clone(),
             offset: self.offset,
-            event,
-            ack_deadline_unix_ms: 0,
+            decodable: self.decodable,
+            body: self.body.clone(),
             key: self.key.clone(),
         }
     }

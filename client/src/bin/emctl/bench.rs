@@ -108,6 +108,12 @@ pub struct Row {
     /// Heap allocations of the dispatcher per delivered and ACKed event over the full load;
     /// only from a dispatcher built with `--features count-allocations`.
     pub dispatcher_allocs_per_event: Option<f64>,
+    /// The full-load group's actor: seconds at work over the phase, that per event in µs,
+    /// and the rate it could sustain on one core (events / seconds at work); `None` when the
+    /// dispatcher's metrics could not be read.
+    pub group_busy_secs: Option<f64>,
+    pub group_us_per_event: Option<f64>,
+    pub group_ceiling_per_sec: Option<f64>,
 }
 
 /// The idle first-event probe's results (publish call → delivery received).
@@ -201,7 +207,7 @@ async fn bench_rows(
     let mut first = true;
     if !args.json {
         println!(
-            "{:<6} {:>5} {:>7} {:>9} {:>10} {:>10} {:>6} {:>15} {:>9} {:>15} {:>24} {:>18}",
+            "{:<6} {:>5} {:>7} {:>9} {:>10} {:>10} {:>6} {:>15} {:>9} {:>15} {:>24} {:>18} {:>11}",
             "backend",
             "size",
             "streams",
@@ -213,7 +219,8 @@ async fn bench_rows(
             "half/s",
             "half p50/p99 ms",
             "cpu disp/pull/off/cli",
-            "rss MiB d/p/o"
+            "rss MiB d/p/o",
+            "group µs/ev"
         );
     }
     for &size in &args.sizes {
@@ -224,7 +231,7 @@ async fn bench_rows(
                 println!("{}", serde_json::to_string(&row)?);
             } else {
                 println!(
-                    "{:<6} {:>5} {:>7} {:>9.0} {:>10.0} {:>10.0} {:>6.2} {:>7.2}/{:<7.2} {:>9.0} {:>7.2}/{:<7.2} {:>5.2}/{:.2}/{:.2}/{:.2} {:>6.0}/{:.0}/{:.0}",
+                    "{:<6} {:>5} {:>7} {:>9.0} {:>10.0} {:>10.0} {:>6.2} {:>7.2}/{:<7.2} {:>9.0} {:>7.2}/{:<7.2} {:>5.2}/{:.2}/{:.2}/{:.2} {:>6.0}/{:.0}/{:.0} {:>11}",
                     row.backend,
                     row.size,
                     row.streams,
@@ -243,7 +250,9 @@ async fn bench_rows(
                     row.cpu_client,
                     row.rss_mib_dispatcher,
                     row.rss_mib_puller,
-                    row.rss_mib_offset
+                    row.rss_mib_offset,
+                    row.group_us_per_event
+                        .map_or_else(|| "-".to_owned(), |us| format!("{us:.2}"))
                 );
             }
         }
@@ -278,16 +287,9 @@ async fn bench_one(
     };
     let allocations_before = dispatcher_allocations(instance).await;
     let cpu_before = cpu_seconds(instance);
+    let group = format!("full-{size}-{streams}");
     let started = Instant::now();
-    let latencies = consume(
-        client,
-        &topic,
-        &format!("full-{size}-{streams}"),
-        streams,
-        args.max_in_flight,
-        events,
-    )
-    .await?;
+    let latencies = consume(client, &topic, &group, streams, args.max_in_flight, events).await?;
     let elapsed = started.elapsed().as_secs_f64();
     let cpu_after = cpu_seconds(instance);
     let allocations_after = match allocations_before {
@@ -300,6 +302,9 @@ async fn bench_one(
     if let Some(perf) = perf {
         stop_perf(perf).await;
     }
+    // The group is new: everything its actor did is in the sum (read once its last interval
+    // is reported).
+    let group_busy_secs = group_busy_seconds(instance, &group).await;
     let rss = [Service::Dispatcher, Service::Puller, Service::Offset]
         .map(|service| instance.pid(service).map_or(0.0, proc_rss_mib));
     let e2e_per_sec = events as f64 / elapsed;
@@ -363,6 +368,11 @@ async fn bench_one(
         rss_mib_puller: rss[1],
         rss_mib_offset: rss[2],
         dispatcher_allocs_per_event,
+        group_busy_secs,
+        group_us_per_event: group_busy_secs.map(|busy| busy * 1e6 / events as f64),
+        group_ceiling_per_sec: group_busy_secs
+            .filter(|busy| *busy > 0.0)
+            .map(|busy| events as f64 / busy),
     })
 }
 
@@ -631,6 +641,31 @@ async fn dispatcher_allocations(instance: &LocalInstance) -> Option<u64> {
     read().await
 }
 
+/// Seconds the actor of subscription group `group` spent at work so far: the dispatcher's
+/// `dispatcher_group_busy_seconds_sum` for it, read after the group's next report (every
+/// 500 ms) so the end of the phase is in.
+async fn group_busy_seconds(instance: &LocalInstance, group: &str) -> Option<f64> {
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let metrics = scrape(instance.metrics_addr(Service::Dispatcher))
+        .await
+        .ok()?;
+    busy_sum_of(&metrics, group)
+}
+
+/// `dispatcher_group_busy_seconds_sum` of `group` in a Prometheus exposition.
+fn busy_sum_of(metrics: &str, group: &str) -> Option<f64> {
+    let label = format!("group=\"{group}\"");
+    metrics.lines().find_map(|line| {
+        let rest = line.strip_prefix("dispatcher_group_busy_seconds_sum{")?;
+        let (labels, value) = rest.rsplit_once("} ")?;
+        labels
+            .split(',')
+            .any(|l| l == label)
+            .then(|| value.trim().parse::<f64>().ok())
+            .flatten()
+    })
+}
+
 /// `GET /metrics` over a plain HTTP/1.0 connection.
 async fn scrape(addr: std::net::SocketAddr) -> anyhow::Result<String> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -701,5 +736,25 @@ async fn stop_perf(children: Vec<tokio::process::Child>) {
                 .status();
         }
         let _ = child.wait().await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    #[test]
+    fn the_busy_sum_of_one_group_is_found() {
+        let metrics = "\
+# TYPE dispatcher_group_busy_seconds summary
+dispatcher_group_busy_seconds_sum{topic=\"t\",group=\"full-256-10\"} 9.5
+dispatcher_group_busy_seconds_count{topic=\"t\",group=\"full-256-1\"} 3
+dispatcher_group_busy_seconds_sum{topic=\"t\",group=\"full-256-1\"} 0.25
+";
+        assert_eq!(busy_sum_of(metrics, "full-256-1"), Some(0.25));
+        assert_eq!(busy_sum_of(metrics, "full-256-10"), Some(9.5));
+        assert_eq!(busy_sum_of(metrics, "other"), None);
     }
 }
