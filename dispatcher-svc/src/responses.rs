@@ -241,14 +241,18 @@ mod tests {
     use crate::delivery_id::DeliveryId;
     use crate::group::Sending;
 
-    /// Delivery `n`'s id as the client sees it.
-    fn id_of(n: u64) -> String {
+    /// Delivery `n`'s id.
+    fn id(n: u64) -> DeliveryId {
         DeliveryId {
             epoch: 1,
             group: 1,
             seq: n,
         }
-        .to_text()
+    }
+
+    /// Delivery `n`'s id as the client sees it.
+    fn id_of(n: u64) -> String {
+        id(n).to_text()
     }
 
     /// Delivery `n` on its way, its event carrying `data_bytes` of data.
@@ -259,11 +263,7 @@ mod tests {
         })
         .unwrap();
         Sending {
-            id: DeliveryId {
-                epoch: 1,
-                group: 1,
-                seq: n,
-            },
+            id: id(n),
             attempt: 1,
             topic: Topic::new("t").unwrap(),
             partition: PartitionId::number(0),

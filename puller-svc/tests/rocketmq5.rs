@@ -19,7 +19,9 @@ use eventmesh_testkit::RocketMq;
 use puller_svc::cursors::{Alignment, StartAt};
 use puller_svc::storage::rocketmq::client::RocketMqSettings;
 use puller_svc::storage::rocketmq5::{PopSettings, RocketMq5Storage, pop_request};
-use puller_svc::storage::{AckPulledOutcome, Selection, Storage, StorageError};
+use puller_svc::storage::{
+    AckPulledOutcome, PolledBatch, ReaderKey, Selection, Storage, StorageError,
+};
 
 fn queue(broker: &str, id: u32) -> PartitionId {
     PartitionId::queue(broker, id).unwrap()
@@ -34,6 +36,26 @@ async fn storage_at(namesrv: &str, dir: &std::path::Path) -> RocketMq5Storage {
     )
     .await
     .unwrap()
+}
+
+/// ACKs every record of `batch` at the broker by its receipt; each must answer ACKED.
+async fn every_receipt_is_acked(
+    storage: &RocketMq5Storage,
+    reader: &ReaderKey,
+    batch: &PolledBatch,
+) {
+    for record in &batch.records {
+        let outcome = storage
+            .ack_pulled(reader, record.ack_key.as_deref().unwrap())
+            .await
+            .unwrap();
+        assert_eq!(
+            outcome,
+            AckPulledOutcome::Acked,
+            "{reader:?} {}",
+            record.offset
+        );
+    }
 }
 
 async fn send_all(storage: &RocketMq5Storage, topic: &Topic, count: usize) {
@@ -108,13 +130,7 @@ async fn pops_per_group_and_acks_at_the_broker(namesrv: &str) {
     assert_eq!(ids(&poll_n(&storage, &slow, 3).await).len(), 3);
 
     // The broker ACK, from the receipt alone; a receipt that is not one is named unknown.
-    for record in &batch.records {
-        let outcome = storage
-            .ack_pulled(&fast, record.ack_key.as_deref().unwrap())
-            .await
-            .unwrap();
-        assert_eq!(outcome, AckPulledOutcome::Acked);
-    }
+    every_receipt_is_acked(&storage, &fast, &batch).await;
     assert_eq!(
         storage.ack_pulled(&fast, "not a receipt").await.unwrap(),
         AckPulledOutcome::UnknownKey
@@ -277,13 +293,7 @@ async fn the_longest_names_pop_and_ack(namesrv: &str) {
     let group = reader(Some(&format!("~{}", "c".repeat(128))), &topic);
     let batch = poll_n(&storage, &group, 3).await;
     assert_eq!(ids(&batch), ["e0", "e1", "e2"]);
-    for record in &batch.records {
-        let outcome = storage
-            .ack_pulled(&group, record.ack_key.as_deref().unwrap())
-            .await
-            .unwrap();
-        assert_eq!(outcome, AckPulledOutcome::Acked);
-    }
+    every_receipt_is_acked(&storage, &group, &batch).await;
 }
 
 /// Sixteen groups popping one topic at the same time, each under its own broker groups: each
@@ -305,13 +315,7 @@ async fn many_groups_at_once_each_get_every_message(namesrv: &str) {
             let mut got = ids(&batch);
             got.sort();
             assert_eq!(&got, want, "group {name}: every message once");
-            for record in &batch.records {
-                let outcome = storage
-                    .ack_pulled(&group, record.ack_key.as_deref().unwrap())
-                    .await
-                    .unwrap();
-                assert_eq!(outcome, AckPulledOutcome::Acked, "group {name}");
-            }
+            every_receipt_is_acked(storage, &group, &batch).await;
         }
     }))
     .await;

@@ -30,6 +30,7 @@ use rocketmq_client_rust::{
 };
 use rocketmq_model::common::message::message_queue::MessageQueue;
 use rocketmq_protocol::protocol::header::query_consumer_offset_request_header::QueryConsumerOffsetRequestHeader;
+use rocketmq_protocol::protocol::route::topic_route_data::TopicRouteData;
 use rocketmq_protocol::{RemotingCommand, RpcRequestHeader, TopicRequestHeader};
 use rocketmq_runtime::{RuntimeConfig, RuntimeOwner};
 
@@ -157,6 +158,17 @@ impl Route {
             ))
         })
     }
+}
+
+/// The master address of each broker in a name server's route data.
+fn masters(data: &TopicRouteData) -> HashMap<String, String> {
+    data.broker_datas
+        .iter()
+        .filter_map(|broker| {
+            let master = broker.broker_addrs().get(&MASTER_ID)?;
+            Some((broker.broker_name().to_string(), master.to_string()))
+        })
+        .collect()
 }
 
 /// The header that routes a broker request to `broker` (a request a proxy could forward).
@@ -444,20 +456,30 @@ impl RocketMqClient {
         .await
     }
 
+    /// The name server's route data of the topic `name` (`None`: it has none); `what` names
+    /// the call in errors.
+    async fn name_server_route(
+        &self,
+        what: &'static str,
+        name: String,
+    ) -> Result<Option<TopicRouteData>, StorageError> {
+        let handle = self.handle().await?;
+        self.call(what, CALL_TIMEOUT, async move {
+            handle
+                .topic_route(&name, CALL_TIMEOUT.as_millis() as u64)
+                .await
+                .map_err(|err| unavailable(what, &err))
+        })
+        .await
+    }
+
     /// The topic's route (cached for [`ROUTE_TTL`]); NOT_FOUND when it has none.
     pub async fn route(&self, topic: &Topic) -> Result<std::sync::Arc<Route>, StorageError> {
         if let Some(cached) = self.cached_route(topic) {
             return Ok(cached);
         }
-        let handle = self.handle().await?;
-        let name = topic.to_string();
         let data = self
-            .call("topic route", CALL_TIMEOUT, async move {
-                handle
-                    .topic_route(&name, CALL_TIMEOUT.as_millis() as u64)
-                    .await
-                    .map_err(|err| unavailable("topic route", &err))
-            })
+            .name_server_route("topic route", topic.to_string())
             .await?
             .ok_or_else(|| StorageError::UnknownTopic(topic.to_string()))?;
         let mut route = Route::default();
@@ -484,13 +506,7 @@ impl RocketMqClient {
                 }
             }
         }
-        for broker in &data.broker_datas {
-            if let Some(master) = broker.broker_addrs().get(&MASTER_ID) {
-                route
-                    .masters
-                    .insert(broker.broker_name().to_string(), master.to_string());
-            }
-        }
+        route.masters = masters(&data);
         if route.read.is_empty() && route.write.is_empty() {
             return Err(StorageError::UnknownTopic(topic.to_string()));
         }
@@ -618,26 +634,14 @@ impl RocketMqClient {
         }
     }
 
-    /// The brokers of our cluster that have a master, as the name server lists them.
+    /// The brokers of our cluster that have a master, as the name server lists them (the
+    /// route of the topic named after the cluster).
     async fn cluster_brokers(&self) -> Result<Vec<String>, StorageError> {
-        let handle = self.handle().await?;
-        let cluster = self.settings.cluster.clone();
         let data = self
-            .call("cluster route", CALL_TIMEOUT, async move {
-                handle
-                    .topic_route(&cluster, CALL_TIMEOUT.as_millis() as u64)
-                    .await
-                    .map_err(|err| unavailable("cluster route", &err))
-            })
+            .name_server_route("cluster route", self.settings.cluster.clone())
             .await?;
         let brokers: Vec<String> = data
-            .map(|data| {
-                data.broker_datas
-                    .iter()
-                    .filter(|broker| broker.broker_addrs().contains_key(&MASTER_ID))
-                    .map(|broker| broker.broker_name().to_string())
-                    .collect()
-            })
+            .map(|data| masters(&data).into_keys().collect())
             .unwrap_or_default();
         if brokers.is_empty() {
             return Err(StorageError::Unavailable(format!(
