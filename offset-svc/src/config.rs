@@ -2,12 +2,12 @@
 //! (`EM_OFFSET_*`) < flags. Every setting is listed in `docs/CONFIG.md`.
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use clap::Parser;
-use eventmesh_common::config::{ConfigError, apply, load_file};
+use eventmesh_common::config::{ConfigError, ServiceArgs, apply, load_file};
 use eventmesh_common::telemetry::LogFormat;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 /// Default gRPC listen address of offset-svc.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:50053";
@@ -15,7 +15,7 @@ pub const DEFAULT_LISTEN: &str = "127.0.0.1:50053";
 pub const DEFAULT_METRICS_LISTEN: &str = "127.0.0.1:9153";
 
 /// Which store implementation backs the service.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum, Deserialize, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum StoreKind {
     /// RocksDB in `data_dir` (durable).
@@ -26,7 +26,7 @@ pub enum StoreKind {
 }
 
 /// The effective configuration.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
     /// gRPC listen address; port 0 picks a free port (printed on stdout).
@@ -74,6 +74,11 @@ pub struct Args {
     /// TOML config file.
     #[arg(long, env = "EM_OFFSET_CONFIG")]
     pub config: Option<PathBuf>,
+    /// Check FILE instead of starting: resolve it as `--config FILE` would (environment and
+    /// flags applied), print the effective settings as TOML and exit; refused settings exit
+    /// non-zero naming the key. Nothing is opened or contacted.
+    #[arg(long, value_name = "FILE")]
+    pub check_config: Option<PathBuf>,
     /// gRPC listen address [default: 127.0.0.1:50053].
     #[arg(long, env = "EM_OFFSET_LISTEN")]
     pub listen: Option<SocketAddr>,
@@ -100,10 +105,16 @@ pub struct Args {
     pub shutdown_timeout_secs: Option<u64>,
 }
 
-impl Args {
-    /// Resolves the effective configuration.
-    pub fn into_config(self) -> Result<Config, ConfigError> {
-        let mut config: Config = load_file(self.config.as_deref())?;
+impl ServiceArgs for Args {
+    type Config = Config;
+
+    fn check_config(&self) -> Option<&Path> {
+        self.check_config.as_deref()
+    }
+
+    fn into_config(self) -> Result<Config, ConfigError> {
+        let mut config: Config =
+            load_file(self.check_config.as_deref().or(self.config.as_deref()))?;
         apply(&mut config.listen, self.listen);
         apply(&mut config.metrics_listen, self.metrics_listen);
         apply(&mut config.data_dir, self.data_dir);

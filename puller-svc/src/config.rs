@@ -2,13 +2,13 @@
 //! (`EM_PULLER_*`) < flags. Every setting is listed in `docs/CONFIG.md`.
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use clap::Parser;
-use eventmesh_common::config::{ConfigError, apply, load_file};
+use eventmesh_common::config::{ConfigError, ServiceArgs, apply, check_endpoint, load_file};
 use eventmesh_common::telemetry::LogFormat;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use crate::cursors::StartAt;
 use crate::local_log::LogSettings;
@@ -17,7 +17,7 @@ use crate::storage::rocketmq::client::RocketMqSettings;
 use crate::storage::rocketmq5::{DEFAULT_INVISIBLE_TIME, PopSettings};
 
 /// Which MQ backend the puller reads.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum, Deserialize, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Backend {
     /// The embedded local log in `data_dir` (one machine, demos, tests).
@@ -34,7 +34,7 @@ pub enum Backend {
 }
 
 /// Where a reader without a cursor or watermark starts.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum, Deserialize, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Start {
     /// The oldest retained record.
@@ -54,7 +54,7 @@ impl From<Start> for StartAt {
 }
 
 /// The effective configuration.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
     /// gRPC listen address; port 0 picks a free port (printed on stdout).
@@ -207,6 +207,11 @@ pub struct Args {
     /// TOML config file.
     #[arg(long, env = "EM_PULLER_CONFIG")]
     pub config: Option<PathBuf>,
+    /// Check FILE instead of starting: resolve it as `--config FILE` would (environment and
+    /// flags applied), print the effective settings as TOML and exit; refused settings exit
+    /// non-zero naming the key. Nothing is opened or contacted.
+    #[arg(long, value_name = "FILE")]
+    pub check_config: Option<PathBuf>,
     /// gRPC listen address [default: 127.0.0.1:50052].
     #[arg(long, env = "EM_PULLER_LISTEN")]
     pub listen: Option<SocketAddr>,
@@ -285,10 +290,16 @@ pub struct Args {
     pub reader_idle_secs: Option<u64>,
 }
 
-impl Args {
-    /// Resolves the effective configuration.
-    pub fn into_config(self) -> Result<Config, ConfigError> {
-        let mut config: Config = load_file(self.config.as_deref())?;
+impl ServiceArgs for Args {
+    type Config = Config;
+
+    fn check_config(&self) -> Option<&Path> {
+        self.check_config.as_deref()
+    }
+
+    fn into_config(self) -> Result<Config, ConfigError> {
+        let mut config: Config =
+            load_file(self.check_config.as_deref().or(self.config.as_deref()))?;
         apply(&mut config.listen, self.listen);
         apply(&mut config.metrics_listen, self.metrics_listen);
         apply(&mut config.data_dir, self.data_dir);
@@ -346,6 +357,7 @@ impl Args {
                 });
             }
         }
+        check_endpoint("offset_svc", &config.offset_svc)?;
         if config.default_partitions == 0 {
             return Err(ConfigError::Invalid {
                 key: "default_partitions",
