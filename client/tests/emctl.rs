@@ -5,6 +5,7 @@
 use std::io::Write;
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
+use std::time::Duration;
 
 use eventmesh_client::local::{LocalConfig, LocalInstance, Service};
 
@@ -395,4 +396,208 @@ async fn bench_runs_on_the_local_log_and_twice_on_one_kafka_broker() {
     assert_eq!(kafka_rows[1]["backend"], "kafka");
     // The run's data directory is removed afterwards.
     assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+}
+
+/// One `emctl top --json` frame of `topic`'s groups.
+fn top_frame(instance: &LocalInstance, topic: &str) -> serde_json::Value {
+    let out = ok(&emctl(
+        instance,
+        &["top", "--topic", topic, "--json", "--count", "1"],
+        "",
+    ));
+    serde_json::from_str(out.trim()).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn top_shows_a_groups_rates_lag_in_flight_and_settlements() {
+    use eventmesh_client::{Client, ClientConfig, StartPosition, SubscribeOptions};
+
+    let dir = tempfile::tempdir().unwrap();
+    let emctl_dir = Path::new(env!("CARGO_BIN_EXE_emctl")).parent().unwrap();
+    let mut config = LocalConfig::new(dir.path());
+    config.bin_dir = Some(emctl_dir.to_owned());
+    // Known metrics ports: the dashboard's metrics are checked against the exposition below.
+    for addr in &mut config.metrics_listen {
+        *addr = free_loopback_addr();
+    }
+    let instance = LocalInstance::start(config).await.unwrap();
+    ok(&emctl(
+        &instance,
+        &["publish", "--topic", "top", "--count", "40"],
+        "",
+    ));
+    // No group yet: an empty frame, not an error.
+    let frame = top_frame(&instance, "top");
+    assert_eq!(frame["groups"].as_array().unwrap().len(), 0, "{frame}");
+
+    let client = Client::connect(ClientConfig::new("top-client").endpoint(instance.endpoint()))
+        .await
+        .unwrap();
+    let mut subscription = client
+        .subscribe(
+            SubscribeOptions::new("top")
+                .group("watched")
+                .start(StartPosition::Earliest),
+        )
+        .await
+        .unwrap();
+    // 40 delivered: the first 25 ACKed, the last NACKed (retried in a minute: it stays in
+    // backoff), 14 held. Each partition's deliveries come in offset order, so the ACKed ones
+    // are a prefix of every partition (lag 15) and, once the held ones are ACKed too, only
+    // the NACKed one, its partition's last, is left (lag 1).
+    let mut held = Vec::new();
+    for n in 0..40 {
+        let delivery = tokio::time::timeout(Duration::from_secs(20), subscription.next())
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        match n {
+            0..25 => delivery.ack_and_wait().await.map(|_| ()).unwrap(),
+            39 => delivery.nack(Duration::from_secs(60)),
+            _ => held.push(delivery),
+        }
+    }
+    // Groups report every 500 ms: wait for the report that has all of it.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let group = loop {
+        let frame = top_frame(&instance, "top");
+        let group = frame["groups"][0].clone();
+        if group["acked_total"] == 25 && group["nacked_total"] == 1 && group["lag"] == 15 {
+            break group;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the report never showed 25 ACKs, 1 NACK and lag 15: {frame}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert_eq!(group["topic"], "top", "{group}");
+    assert_eq!(group["group"], "watched", "{group}");
+    assert_eq!(group["sessions"], 1, "{group}");
+    assert_eq!(group["delivered_total"], 40, "{group}");
+    assert_eq!(group["redelivered_total"], 1, "{group}");
+    assert_eq!(group["in_flight"], 14, "{group}");
+    assert_eq!(group["backoff"], 1, "{group}");
+    assert_eq!(group["dead_lettered_total"], 0, "{group}");
+    assert!(group["oldest_unacked_ms"].as_u64().unwrap() > 0, "{group}");
+
+    // Two frames: the second has rates (14 more ACKs land between them).
+    let top = std::process::Command::new(env!("CARGO_BIN_EXE_emctl"))
+        .args(["top", "--topic", "top", "--json", "--count", "2"])
+        .args(["--interval-ms", "1500"])
+        .env("EMCTL_ENDPOINT", instance.endpoint())
+        .env("EMCTL_PULLER", instance.uri(Service::Puller))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    for delivery in held.drain(..) {
+        delivery.ack_and_wait().await.unwrap();
+    }
+    let out = ok(&top.wait_with_output().unwrap());
+    let frames: Vec<serde_json::Value> = out
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap())
+        .collect();
+    assert_eq!(frames.len(), 2, "{out}");
+    assert!(frames[0]["groups"][0]["acked_per_sec"].is_null(), "{out}");
+    let second = &frames[1]["groups"][0];
+    assert!(second["acked_per_sec"].as_f64().unwrap() > 0.0, "{out}");
+    assert_eq!(second["acked_total"], 39, "{out}");
+    assert_eq!(second["lag"], 1, "{out}");
+    assert_eq!(second["in_flight"], 0, "{out}");
+
+    // The table, once.
+    let table = ok(&emctl(&instance, &["top", "--count", "1"], ""));
+    assert!(
+        table.contains("TOPIC") && table.contains("watched"),
+        "{table}"
+    );
+
+    // Every metric the Grafana dashboard queries is in the services' exposition, now that
+    // they published, delivered, ACKed and NACKed.
+    let exposed: std::collections::HashSet<String> = Service::ALL
+        .iter()
+        .flat_map(|service| {
+            let text = scrape(instance.metrics_addr(*service));
+            text.lines()
+                .filter(|line| !line.starts_with('#') && !line.trim().is_empty())
+                .filter_map(|line| line.split(['{', ' ']).next().map(str::to_owned))
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    let dashboard =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/grafana/eventmesh-dashboard.json");
+    let dashboard: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dashboard).unwrap()).unwrap();
+    let mut queried = Vec::new();
+    collect_queried_metrics(&dashboard, &mut queried);
+    assert!(queried.len() >= 10, "{queried:?}");
+    let missing: Vec<&String> = queried.iter().filter(|m| !exposed.contains(*m)).collect();
+    assert!(
+        missing.is_empty(),
+        "dashboard metrics not exposed: {missing:?}; exposed: {exposed:?}"
+    );
+    drop(subscription);
+}
+
+fn free_loopback_addr() -> std::net::SocketAddr {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+}
+
+/// `GET /metrics` over HTTP/1.0; the body.
+fn scrape(addr: std::net::SocketAddr) -> String {
+    use std::io::Read;
+    let mut stream = std::net::TcpStream::connect(addr).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    stream
+        .write_all(b"GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n")
+        .unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    let (head, body) = response.split_once("\r\n\r\n").unwrap();
+    assert!(
+        head.starts_with("HTTP/1.1 200") || head.starts_with("HTTP/1.0 200"),
+        "{head}"
+    );
+    body.to_owned()
+}
+
+/// The metric names in every `expr` and `definition` of a Grafana dashboard (panels'
+/// targets, template variables): identifiers of ours (`dispatcher_…`, `eventmesh_…`,
+/// `grpc_server_…`).
+fn collect_queried_metrics(value: &serde_json::Value, found: &mut Vec<String>) {
+    match value {
+        serde_json::Value::Object(map) => {
+            for (key, value) in map {
+                match (key.as_str(), value) {
+                    ("expr" | "definition", serde_json::Value::String(expr)) => {
+                        for token in expr.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                        {
+                            let ours = ["dispatcher_", "eventmesh_", "puller_", "grpc_server_"]
+                                .iter()
+                                .any(|prefix| token.starts_with(prefix));
+                            if ours && !found.iter().any(|f| f == token) {
+                                found.push(token.to_owned());
+                            }
+                        }
+                    }
+                    _ => collect_queried_metrics(value, found),
+                }
+            }
+        }
+        serde_json::Value::Array(items) => {
+            for item in items {
+                collect_queried_metrics(item, found);
+            }
+        }
+        _ => {}
+    }
 }

@@ -28,6 +28,9 @@ use tokio::net::TcpListener;
 use tokio::task::{JoinError, JoinHandle};
 use tokio_util::sync::CancellationToken;
 use tonic::transport::server::{Router, TcpIncoming};
+use tower::layer::util::{Identity, Stack};
+
+use crate::grpc_metrics::GrpcMetricsLayer;
 use tonic::transport::{Channel, Endpoint, Server};
 use tonic_health::ServingStatus;
 use tonic_health::server::HealthReporter;
@@ -102,14 +105,18 @@ pub fn internal_channel(
         .connect_lazy())
 }
 
-/// A server builder with the project's transport settings.
-pub fn server_builder() -> Server {
+/// The layers every server runs its services in: gRPC metrics ([`GrpcMetricsLayer`]).
+pub type ServerLayers = Stack<GrpcMetricsLayer, Identity>;
+
+/// A server builder with the project's transport settings and [`ServerLayers`].
+pub fn server_builder() -> Server<ServerLayers> {
     Server::builder()
         .tcp_nodelay(true)
         .initial_stream_window_size(Some(HTTP2_STREAM_WINDOW))
         .initial_connection_window_size(Some(HTTP2_CONNECTION_WINDOW))
         .http2_keepalive_interval(Some(Duration::from_secs(10)))
         .http2_keepalive_timeout(Some(Duration::from_secs(5)))
+        .layer(GrpcMetricsLayer)
 }
 
 /// A reflection descriptor set failed to load.
@@ -120,7 +127,7 @@ pub struct ReflectionError(String);
 /// A router with health and reflection already added, and the health reporter.
 pub fn standard_router(
     descriptor_sets: &[&[u8]],
-) -> Result<(HealthReporter, Router), ReflectionError> {
+) -> Result<(HealthReporter, Router<ServerLayers>), ReflectionError> {
     let (health, health_service) = tonic_health::server::health_reporter();
     let mut reflection = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET);
@@ -148,7 +155,7 @@ pub async fn mark_serving(health: &HealthReporter, service_name: &str) {
 /// Serves `router` on `listener` until `shutdown` is cancelled, then drains (see the module
 /// doc). `service_name` is the gRPC service's full name, as given to [`mark_serving`].
 pub async fn serve(
-    router: Router,
+    router: Router<ServerLayers>,
     listener: TcpListener,
     health: HealthReporter,
     service_name: &str,

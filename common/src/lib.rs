@@ -11,6 +11,7 @@
 //! * [`telemetry`] — tracing and OpenTelemetry initialisation.
 //! * [`metrics`] — the Prometheus exporter.
 //! * [`grpc`] — the gRPC server settings, health, reflection and ordered drain every service uses.
+//! * [`grpc_metrics`] — the tower layer that counts and times every gRPC call a service serves.
 //! * [`shutdown`] — the signal-driven cancellation token.
 //! * [`alloc`] — the services' global allocator (counting, with feature `count-allocations`).
 //!
@@ -22,6 +23,7 @@ pub mod crash;
 pub mod dead_letter;
 pub mod frame;
 pub mod grpc;
+pub mod grpc_metrics;
 pub mod keys;
 pub mod metrics;
 pub mod shutdown;

@@ -13,7 +13,8 @@ use tonic::{Request, Response, Status};
 
 use crate::cluster::keys::parse_group_path;
 use crate::cluster::now_millis;
-use crate::registry::Shared;
+use crate::group::GroupReport;
+use crate::registry::{GroupKey, Shared};
 
 /// The service.
 #[derive(Clone)]
@@ -31,6 +32,25 @@ impl AdminGrpc {
 
 #[tonic::async_trait]
 impl AdminService for AdminGrpc {
+    #[tracing::instrument(skip_all, fields(topic = %request.get_ref().topic))]
+    async fn describe_groups(
+        &self,
+        request: Request<pb::DescribeGroupsRequest>,
+    ) -> Result<Response<pb::DescribeGroupsResponse>, Status> {
+        let topic = request.into_inner().topic;
+        let groups = self
+            .shared
+            .group_reports()
+            .into_iter()
+            .filter(|(key, _)| topic.is_empty() || key.topic.as_str() == topic)
+            .map(|(key, report)| group_status(&key, report))
+            .collect();
+        Ok(Response::new(pb::DescribeGroupsResponse {
+            instance_id: self.shared.instance_id.clone(),
+            groups,
+        }))
+    }
+
     #[tracing::instrument(skip_all, fields(topic = %request.get_ref().topic))]
     async fn reset_offsets(
         &self,
@@ -150,5 +170,38 @@ impl AdminService for AdminGrpc {
             instances,
             homes,
         }))
+    }
+}
+
+/// A group's report as the API states it.
+fn group_status(key: &GroupKey, report: GroupReport) -> pb::GroupStatus {
+    pb::GroupStatus {
+        topic: key.topic.to_string(),
+        group: key
+            .group
+            .as_ref()
+            .map(ToString::to_string)
+            .unwrap_or_default(),
+        sessions: report.sessions,
+        in_flight: report.counts.in_flight,
+        ready: report.counts.ready,
+        backoff: report.counts.backoff,
+        settling: report.counts.settling,
+        oldest_unacked_ms: report.oldest_unacked_age.as_millis() as u64,
+        delivered_total: report.delivered_total,
+        acked_total: report.acked_total,
+        nacked_total: report.nacked_total,
+        redelivered_total: report.redelivered_total,
+        timed_out_total: report.timed_out_total,
+        dead_lettered_total: report.dead_lettered_total,
+        partitions: report
+            .partitions
+            .into_iter()
+            .map(|(partition, durable_watermark)| pb::PartitionProgress {
+                partition: partition.to_string(),
+                durable_watermark,
+            })
+            .collect(),
+        reported_unix_ms: report.reported_unix_ms,
     }
 }

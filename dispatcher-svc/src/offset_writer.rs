@@ -68,6 +68,10 @@ impl OffsetWriter {
         sync: bool,
         shutdown: CancellationToken,
     ) -> (OffsetWriter, JoinHandle<()>) {
+        // Exported from the start, at zero: an alert on their rate needs the series to exist
+        // before the first failure.
+        metrics::counter!("dispatcher_offset_write_failures_total").increment(0);
+        metrics::gauge!("dispatcher_offset_writes_pending").set(0.0);
         let (jobs, rx) = mpsc::unbounded_channel();
         let (health_tx, healthy) = watch::channel(true);
         let task = tokio::spawn(run(

@@ -57,7 +57,7 @@ use crate::cluster::mirror::Recorded;
 use crate::config::DeliverySettings;
 use crate::dead_letters::DeadLetterWriter;
 use crate::error::DispatcherError;
-use crate::group::{self, GroupCmd, GroupInit, SessionLink};
+use crate::group::{self, GroupCmd, GroupInit, GroupReport, SessionLink};
 use crate::offset_writer::OffsetWriter;
 use crate::pulling::{Positions, pull_loop, reader_positions, rewind_targets};
 
@@ -113,6 +113,8 @@ pub struct GroupHandle {
     pub commands: mpsc::UnboundedSender<GroupCmd>,
     /// Becomes `true` when the actor has ended.
     pub ended: watch::Receiver<bool>,
+    /// The group's latest report of itself.
+    pub report: watch::Receiver<GroupReport>,
 }
 
 impl GroupHandle {
@@ -294,6 +296,21 @@ impl Shared {
 
     fn lock_groups(&self) -> std::sync::MutexGuard<'_, Groups> {
         self.groups.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Every live group's latest report, ordered by topic and group (what `DescribeGroups`
+    /// answers). Reads what the groups published; never waits for an actor.
+    pub fn group_reports(&self) -> Vec<(GroupKey, GroupReport)> {
+        let mut reports: Vec<(GroupKey, GroupReport)> = self
+            .lock_groups()
+            .by_key
+            .values()
+            .map(|handle| (handle.key.clone(), handle.report.borrow().clone()))
+            .collect();
+        reports.sort_by(|a, b| {
+            (a.0.topic.as_str(), a.0.label()).cmp(&(b.0.topic.as_str(), b.0.label()))
+        });
+        reports
     }
 
     /// Whether this instance may deliver now (always, without a cluster; see
@@ -576,7 +593,7 @@ impl Shared {
         let number = self.next_group.fetch_add(1, Ordering::Relaxed);
         let budget = self.budget(&key.topic);
         budget.join(&key.label());
-        let (commands, gate, ended) = group::spawn(
+        let started = group::spawn(
             Arc::clone(self),
             GroupInit {
                 key: key.clone(),
@@ -589,8 +606,8 @@ impl Shared {
         tokio::spawn(pull_loop(
             Arc::clone(self),
             key.clone(),
-            commands.clone(),
-            gate,
+            started.commands.clone(),
+            started.gate,
             budget,
             Positions {
                 next: positions,
@@ -600,8 +617,9 @@ impl Shared {
         let handle = GroupHandle {
             number,
             key: key.clone(),
-            commands,
-            ended,
+            commands: started.commands,
+            ended: started.ended,
+            report: started.report,
         };
         let mut groups = self.lock_groups();
         groups.by_key.insert(key.clone(), handle.clone());

@@ -54,14 +54,28 @@ pub fn spawn_checkpoints(
     interval: Duration,
     shutdown: CancellationToken,
 ) -> JoinHandle<()> {
+    // Exported from the start: an alert on failures (or on the age) needs the series first.
+    metrics::counter!("puller_checkpoint_failures_total").increment(0);
     every(interval, shutdown, move || {
         let storage = Arc::clone(&storage);
         async move {
-            if let Err(err) = storage.checkpoint().await {
-                tracing::error!(error = %err, "periodic cursor checkpoint failed; retrying at the next interval");
+            match storage.checkpoint().await {
+                // The checkpoint's age is `time() - puller_checkpoint_last_success_timestamp_seconds`.
+                Ok(()) => metrics::gauge!("puller_checkpoint_last_success_timestamp_seconds")
+                    .set(unix_seconds()),
+                Err(err) => {
+                    metrics::counter!("puller_checkpoint_failures_total").increment(1);
+                    tracing::error!(error = %err, "periodic cursor checkpoint failed; retrying at the next interval");
+                }
             }
         }
     })
+}
+
+fn unix_seconds() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |elapsed| elapsed.as_secs_f64())
 }
 
 /// Evicts readers no dispatcher used for the idle time, looking every idle/4 (at most once a

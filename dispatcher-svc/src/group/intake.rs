@@ -17,6 +17,7 @@
 //! next reader of the group pulls them again).
 
 use std::collections::{BTreeSet, VecDeque};
+use std::time::Instant;
 
 use eventmesh_common::keys::PartitionId;
 use eventmesh_proto::puller::{BodyKind, PullResponse};
@@ -67,6 +68,7 @@ impl Group {
             }
         }
         let mut unused = charge;
+        let taken_at = Instant::now();
         for record in batch.records {
             // A partition the group tracks already is shared, not parsed again.
             let known = self
@@ -114,7 +116,7 @@ impl Group {
                     .err()
                     .map(|err| format!("frame does not decode: {err}")),
             };
-            let delivery = Delivery::new(id, partition, problem.is_none(), record, cost);
+            let delivery = Delivery::new(id, partition, problem.is_none(), record, cost, taken_at);
             self.deliveries.insert(seq, delivery);
             match problem {
                 Some(reason) => self.dead_letter(seq, reason),

@@ -77,7 +77,7 @@ impl Group {
                 .or_default()
                 .tracker
                 .sent(offset);
-            self.deliveries_total.increment(1);
+            self.tallies.delivered.add();
         }
     }
 

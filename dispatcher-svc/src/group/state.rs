@@ -130,6 +130,10 @@ pub struct Delivery {
     pub timer: Option<Instant>,
     /// An extension asked for before the ACK clock started.
     pub extension: Option<Duration>,
+    /// When it was pulled: the age of the oldest un-ACKed delivery counts from here.
+    pub pulled_at: Instant,
+    /// When a client ACKed it: its ACK → DURABLE latency counts from here.
+    pub acked_at: Option<Instant>,
 }
 
 impl Delivery {
@@ -140,6 +144,7 @@ impl Delivery {
         decodable: bool,
         record: PulledRecord,
         charge: Charge,
+        pulled_at: Instant,
     ) -> Self {
         Delivery {
             id,
@@ -156,6 +161,8 @@ impl Delivery {
             waiters: SmallVec::new(),
             timer: None,
             extension: None,
+            pulled_at,
+            acked_at: None,
         }
     }
 

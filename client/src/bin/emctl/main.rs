@@ -8,6 +8,7 @@ mod demo;
 mod offsets;
 mod pubsub;
 mod rocketmq_check;
+mod top;
 mod up;
 
 use clap::{Parser, Subcommand};
@@ -38,6 +39,9 @@ enum Command {
     ResetOffsets(offsets::ResetArgs),
     /// The cluster's live instances with their load, and each group's home instance.
     Cluster(cluster::ClusterArgs),
+    /// A live view of one dispatcher-svc's groups: rates, lag, in-flight, oldest un-ACKed
+    /// age, redeliveries, NACKs, dead letters (Ctrl-C ends it).
+    Top(top::TopArgs),
     /// Bring an instance up, publish and consume N events, SIGKILL a service part-way and
     /// restart it, then count what happened.
     Demo(demo::DemoArgs),
@@ -65,6 +69,11 @@ async fn main() -> anyhow::Result<()> {
         Command::Offsets(args) => offsets::show(args).await,
         Command::ResetOffsets(args) => offsets::reset(args).await,
         Command::Cluster(args) => cluster::run(args).await,
+        // A live view ends on Ctrl-C: that is its normal end, not a failure.
+        Command::Top(args) => tokio::select! {
+            result = top::run(args) => result,
+            _ = terminated() => Ok(()),
+        },
         Command::RocketmqCheck(args) => rocketmq_check::run(args).await,
         // Dropping the run on a signal drops its local instance, which kills the services.
         Command::Demo(args) => until_signal(demo::run(args)).await,
