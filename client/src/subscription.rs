@@ -24,10 +24,10 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use eventmesh_proto::SubscribeItem;
 use eventmesh_proto::client as pb;
 use eventmesh_proto::client::event_mesh_service_client::EventMeshServiceClient;
 use eventmesh_proto::client::{subscribe_request, subscribe_response};
+use eventmesh_proto::{DRAINING_METADATA, SubscribeItem};
 use futures::Stream;
 use tokio::sync::{mpsc, oneshot};
 use tokio_stream::wrappers::UnboundedReceiverStream;
@@ -241,6 +241,9 @@ pub struct SubscriptionStats {
     pub nacked_or_extended: u64,
     /// Sessions re-opened after a break.
     pub reconnects: u64,
+    /// Sessions a draining instance (a graceful restart) ended after every ACK of theirs was
+    /// durable, re-opened elsewhere at once: moves, not failures.
+    pub moves: u64,
 }
 
 #[derive(Debug, Default)]
@@ -253,6 +256,7 @@ struct Counters {
     no_op: AtomicU64,
     nacked_or_extended: AtomicU64,
     reconnects: AtomicU64,
+    moves: AtomicU64,
 }
 
 impl Counters {
@@ -267,6 +271,7 @@ impl Counters {
             no_op: get(&self.no_op),
             nacked_or_extended: get(&self.nacked_or_extended),
             reconnects: get(&self.reconnects),
+            moves: get(&self.moves),
         }
     }
 
@@ -410,6 +415,9 @@ enum SessionEnd {
     Closed,
     /// The stream broke; reconnect.
     Broken(String),
+    /// The instance is draining for a restart and said so (`em-draining`) once every ACK of
+    /// the session was durable: reconnect elsewhere at once.
+    Moved,
 }
 
 struct SessionTask {
@@ -461,6 +469,20 @@ impl SessionTask {
             let instance_id: Arc<str> = Arc::from(instance.id.as_str());
             match self.serve(&mut close, &instance_id, requests, stream).await {
                 SessionEnd::Closed => return,
+                SessionEnd::Moved => {
+                    tracing::info!(instance = %instance.id, topic = %self.options.topic, "the instance is draining for a restart; moving the session");
+                    *self.session.lock().unwrap_or_else(|p| p.into_inner()) = None;
+                    // Everything ACKed was answered before the move; anything still waiting
+                    // (an ACK sent after the drain ended) is told so.
+                    for (_, waiters) in self.waiters.drain() {
+                        for waiter in waiters {
+                            let _ = waiter.send(Err(ClientError::Interrupted));
+                        }
+                    }
+                    Counters::bump(&self.counters.moves);
+                    self.inner.forget(&instance.id);
+                    exclude = vec![instance.id];
+                }
                 SessionEnd::Broken(reason) => {
                     tracing::warn!(instance = %instance.id, reason, topic = %self.options.topic, "session broke; reconnecting");
                     *self.session.lock().unwrap_or_else(|p| p.into_inner()) = None;
@@ -629,6 +651,7 @@ impl SessionTask {
                 message = stream.message(), if held.is_empty() => match message {
                     Ok(Some(message)) => held.extend(self.receive(message, instance_id)),
                     Ok(None) => return SessionEnd::Broken("the server ended the stream".into()),
+                    Err(status) if status.metadata().get(DRAINING_METADATA).is_some() => return SessionEnd::Moved,
                     Err(status) => return SessionEnd::Broken(format!("{}: {}", status.code(), status.message())),
                 },
             }

@@ -165,6 +165,10 @@ pub struct DeliverySettings {
     /// A session whose stream took none of its deliveries for this long is stalled: they go
     /// to the group's other sessions, ms.
     pub assign_timeout_ms: u64,
+    /// Graceful stop (SIGTERM): how long sessions keep taking ACKs of what was sent to them
+    /// while nothing new is delivered, before they are told to move, ms. A session whose
+    /// deliveries are all ACKed and durable moves at once; must be below the shutdown timeout.
+    pub drain_ms: u64,
 }
 
 impl Default for Config {
@@ -204,11 +208,17 @@ impl Default for DeliverySettings {
             max_nack_delay_ms: 600_000,
             max_extend_ms: 600_000,
             assign_timeout_ms: 30_000,
+            drain_ms: 5_000,
         }
     }
 }
 
 impl DeliverySettings {
+    /// The graceful-stop drain window.
+    pub fn drain(&self) -> Duration {
+        Duration::from_millis(self.drain_ms)
+    }
+
     /// The ACK timeout.
     pub fn ack_timeout(&self) -> Duration {
         Duration::from_millis(self.ack_timeout_ms)
@@ -369,6 +379,9 @@ pub struct Args {
     /// Assignment timeout of a session that does not read, ms [default: 30000].
     #[arg(long, env = "EM_DISPATCHER_ASSIGN_TIMEOUT_MS")]
     pub assign_timeout_ms: Option<u64>,
+    /// Graceful-stop drain window, ms [default: 5000].
+    #[arg(long, env = "EM_DISPATCHER_DRAIN_MS")]
+    pub drain_ms: Option<u64>,
     /// Log format [default: text].
     #[arg(long, env = "EM_DISPATCHER_LOG_FORMAT")]
     pub log_format: Option<LogFormat>,
@@ -452,6 +465,16 @@ impl ServiceArgs for Args {
         apply(&mut d.max_nack_delay_ms, self.max_nack_delay_ms);
         apply(&mut d.max_extend_ms, self.max_extend_ms);
         apply(&mut d.assign_timeout_ms, self.assign_timeout_ms);
+        apply(&mut d.drain_ms, self.drain_ms);
+        if d.drain_ms >= config.shutdown_timeout_secs.saturating_mul(1000) {
+            return Err(ConfigError::Invalid {
+                key: "drain_ms",
+                message: format!(
+                    "must be below the shutdown timeout ({} s): the drain happens inside it",
+                    config.shutdown_timeout_secs
+                ),
+            });
+        }
         d.validate()?;
         let c = &mut config.cluster;
         apply(&mut c.etcd_endpoints, self.etcd_endpoints);

@@ -401,6 +401,13 @@ impl Shared {
         self.budgets.lock().unwrap_or_else(|p| p.into_inner()).len()
     }
 
+    /// Drains every group (the start of a graceful stop; [`GroupCmd::Drain`]).
+    pub fn drain_all(&self) {
+        for handle in self.lock_groups().by_key.values() {
+            let _ = handle.commands.send(GroupCmd::Drain);
+        }
+    }
+
     /// Stops every group (instance shutdown).
     pub fn stop_all(&self) {
         for handle in self.lock_groups().by_key.values() {

@@ -2,11 +2,15 @@
 //! client-facing gRPC server with health (readiness follows the offset writer: an instance
 //! whose ACKs cannot become durable is not ready) and reflection.
 //!
-//! Shutdown order (DESIGN §12): readiness off and no new streams; sessions are told to
-//! reconnect; groups stop pulling and flush their watermarks; the writer and forwarder get a
-//! moment to finish; with a cluster, the groups' last progress is mirrored and the lease revoked
-//! (every home of the instance is free at once). What is still un-ACKed then is pulled again by
-//! the next instance.
+//! Shutdown order (DESIGN §12): readiness off and no new streams; the groups drain — they
+//! deliver nothing new and stop pulling, the sessions keep carrying ACKs of what was sent and
+//! their DURABLE answers, and each group ends its sessions with the `em-draining` status once
+//! all it sent is settled and durable (or the session ends at the `drain_ms` window) — so a
+//! client that ACKs within the window moves to another instance with nothing redelivered; the
+//! groups stop and flush their watermarks; the writer and forwarder get a moment to finish;
+//! with a cluster, the groups' last progress is mirrored and the lease revoked (every home of
+//! the instance is free at once). What is still un-ACKed then is pulled again by the next
+//! instance.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -194,6 +198,16 @@ pub async fn start(
                 };
                 health.set_service_status(grpc::READINESS, status).await;
             }
+        });
+    }
+    // A graceful stop starts with the drain: groups deliver nothing new and end their sessions
+    // (telling the clients to move) once everything sent is ACKed and durable.
+    {
+        let shared = Arc::clone(&shared);
+        let shutdown = shutdown.clone();
+        tokio::spawn(async move {
+            shutdown.cancelled().await;
+            shared.drain_all();
         });
     }
     let drain = Duration::from_secs(config.shutdown_timeout_secs);

@@ -474,6 +474,7 @@ impl SessionTask {
         mut out_rx: mpsc::UnboundedReceiver<Outbound>,
         shutdown: CancellationToken,
     ) {
+        let mut drain_until = None;
         loop {
             tokio::select! {
                 outbound = out_rx.recv() => {
@@ -498,8 +499,14 @@ impl SessionTask {
                         return;
                     }
                 },
-                () = shutdown.cancelled() => {
-                    let _ = self.responses.send(Outbound::End(Status::unavailable("the instance is shutting down; reconnect (Recommend names another)"))).await;
+                // A graceful stop: the group delivers nothing new and ends this stream with
+                // the draining status once what it sent is ACKed and durable; this stream keeps
+                // carrying ACKs and their answers until then, or until the drain window ends.
+                () = shutdown.cancelled(), if drain_until.is_none() => {
+                    drain_until = Some(std::time::Instant::now() + self.shared.settings.drain());
+                }
+                () = crate::group::sleep_until(drain_until) => {
+                    let _ = self.responses.send(Outbound::End(Status::unavailable("the instance is shutting down and the drain window ended before every delivery of this session was ACKed and durable (those come again); reconnect (Recommend names another instance)"))).await;
                     return;
                 }
             }

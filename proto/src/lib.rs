@@ -30,6 +30,12 @@ pub use eventmesh::offset::v1 as offset;
 pub use eventmesh::puller::v1 as puller;
 pub use eventmesh::v1 as client;
 
+/// The trailer metadata key of a Subscribe stream that dispatcher-svc ends because it is
+/// draining for a graceful stop (status UNAVAILABLE), sent once every delivery of the session
+/// is ACKed and durable: the client reconnects elsewhere at once and nothing is redelivered.
+/// A client that does not know the key sees an ordinary UNAVAILABLE and reconnects anyway.
+pub const DRAINING_METADATA: &str = "em-draining";
+
 /// The encoded `FileDescriptorSet` of every package, for gRPC server reflection.
 pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("eventmesh_descriptor");
 

@@ -411,7 +411,7 @@ impl Run {
 
     /// Waits for every event to be published, delivered and covered by the watermark; stops
     /// the instance; checks nothing was lost and the duplicates stay within the bound.
-    pub async fn finish(self, label: &str) -> Count {
+    pub async fn finish(self, label: &str) -> (Count, eventmesh_client::SubscriptionStats) {
         self.publisher.await.unwrap();
         let count = wait_until_complete(
             &self.instance,
@@ -435,8 +435,9 @@ impl Run {
             "{label}: duplicates {} above the bound {bound}",
             count.duplicates
         );
+        let stats = subscription.stats();
         self.instance.stop(Duration::from_secs(10)).await;
-        count
+        (count, stats)
     }
 }
 

@@ -43,6 +43,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use eventmesh_common::keys::{ClientId, OffsetClient, OffsetKey, PartitionId};
+use eventmesh_proto::DRAINING_METADATA;
 use eventmesh_proto::client as pb;
 use eventmesh_proto::client::AckOutcome;
 use eventmesh_proto::puller::PullResponse;
@@ -171,6 +172,10 @@ pub enum GroupCmd {
         /// The delivery.
         seq: u64,
     },
+    /// The instance is draining for a graceful stop: deliver nothing new, keep taking ACKs of
+    /// what was sent, and once all of it is settled and durable end every session with
+    /// [`draining_status`] (the client moves without having anything redelivered).
+    Drain,
     /// The instance is shutting down.
     Stop,
     /// End the group now (its reader was taken over, or its offsets are being changed): every
@@ -251,6 +256,8 @@ pub(crate) struct Group {
     clients: FastMap<(ClientId, PartitionId), ClientTrack>,
     grace_until: Option<Instant>,
     closing: bool,
+    /// Draining ([`GroupCmd::Drain`]): nothing new is delivered.
+    draining: bool,
     writes_healthy: bool,
     /// Settled deliveries waiting to be handed to the writer as one job.
     settled: settling::SettledWrites,
@@ -354,6 +361,7 @@ pub(crate) fn spawn(shared: Arc<Shared>, init: GroupInit) -> Started {
         clients: FastMap::default(),
         grace_until: None,
         closing: false,
+        draining: false,
         writes_healthy,
         settled: settling::SettledWrites::default(),
         ended,
@@ -371,6 +379,19 @@ fn now_unix_ms() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as i64)
+}
+
+/// How a drained session's stream ends: UNAVAILABLE with [`DRAINING_METADATA`] (the SDK
+/// reconnects elsewhere at once, counting it a move rather than a broken session).
+pub fn draining_status() -> tonic::Status {
+    let mut status = tonic::Status::unavailable(
+        "the instance is draining for a restart and every ACK of this session is durable; reconnect (Recommend names another instance)",
+    );
+    status.metadata_mut().insert(
+        DRAINING_METADATA,
+        tonic::metadata::MetadataValue::from_static("1"),
+    );
+    status
 }
 
 /// What woke the actor.
@@ -457,6 +478,9 @@ impl Group {
             }
             if !by_command && self.settled.due(commands.is_empty()) {
                 self.flush_settled();
+            }
+            if self.draining && !self.sessions.is_empty() && self.drained() {
+                self.end_drained_sessions();
             }
             self.busy_time += working.elapsed();
             if self.closing && self.deliveries.is_empty() {
@@ -567,6 +591,27 @@ impl Group {
         self.report_tx.send_replace(report);
     }
 
+    /// Whether nothing the group sent is waiting for an ACK or for its progress to become
+    /// durable (what is ready or backing off was not sent, or is sent again anyway).
+    fn drained(&self) -> bool {
+        self.deliveries.values().all(|delivery| {
+            matches!(
+                delivery.state,
+                DeliveryState::Ready | DeliveryState::Backoff
+            )
+        })
+    }
+
+    /// Ends every session of a drained group: its client moves to another instance, with
+    /// every ACK it made answered DURABLE and nothing of it to be redelivered.
+    fn end_drained_sessions(&mut self) {
+        tracing::info!(group = %self.key, sessions = self.sessions.len(), "drained: every sent delivery is settled and durable; sessions told to move");
+        for slot in self.sessions.drain(..) {
+            let _ = slot.link.out.send(Outbound::End(draining_status()));
+        }
+        self.update_gate();
+    }
+
     /// Tells every session the group ended under it; returns how many there were.
     fn end_sessions(&mut self, status: &tonic::Status) -> u32 {
         tracing::info!(group = %self.key, sessions = self.sessions.len(), code = ?status.code(), message = status.message(), "ending the group now");
@@ -611,6 +656,11 @@ impl Group {
                 cursors,
             } => self.write_notice(tokens, notice, cursors),
             GroupCmd::DeadLettered { seq } => self.dead_lettered(seq),
+            GroupCmd::Drain => {
+                tracing::info!(group = %self.key, sessions = self.sessions.len(), "draining: delivering nothing new, waiting for the sent deliveries' ACKs");
+                self.draining = true;
+                self.update_gate();
+            }
             GroupCmd::Stop | GroupCmd::End { .. } => {}
         }
     }
@@ -618,7 +668,7 @@ impl Group {
     fn update_gate(&self) {
         let gate = if self.closing {
             PullGate::Closed
-        } else if self.sessions.is_empty() || !self.writes_healthy {
+        } else if self.sessions.is_empty() || !self.writes_healthy || self.draining {
             PullGate::Paused
         } else {
             PullGate::Open
@@ -1087,7 +1137,8 @@ fn clear_timer(timers: &mut BTreeSet<(Instant, u64)>, delivery: &mut Delivery, s
     }
 }
 
-async fn sleep_until(at: Option<Instant>) {
+/// Sleeps until `at`; never, without one.
+pub(crate) async fn sleep_until(at: Option<Instant>) {
     match at {
         Some(at) => tokio::time::sleep_until(at.into()).await,
         None => std::future::pending().await,

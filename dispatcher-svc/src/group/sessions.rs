@@ -26,6 +26,10 @@ impl Group {
         if !self.shared.may_serve() {
             return;
         }
+        // Draining for a graceful stop: what was not sent yet stays for the next instance.
+        if self.draining {
+            return;
+        }
         while !self.sessions.is_empty() {
             let Some(&seq) = self.ready.front() else {
                 return;

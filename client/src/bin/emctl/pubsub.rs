@@ -253,8 +253,8 @@ pub async fn subscribe(args: SubscribeArgs) -> anyhow::Result<()> {
     let stats = subscription.stats();
     subscription.close().await;
     eprintln!(
-        "received {received}; ACKs durable {}, pending {}, no-op {}; redelivered {}; reconnects {}",
-        stats.durable, stats.pending, stats.no_op, stats.redelivered, stats.reconnects
+        "received {received}; ACKs durable {}, pending {}, no-op {}; redelivered {}; reconnects {}; moves {}",
+        stats.durable, stats.pending, stats.no_op, stats.redelivered, stats.reconnects, stats.moves
     );
     Ok(())
 }
