@@ -66,12 +66,15 @@ impl ClientError {
 
 /// Statuses that say "try again, maybe elsewhere" rather than "this request is wrong".
 pub(crate) fn is_transient_status(status: &tonic::Status) -> bool {
-    matches!(
-        status.code(),
+    match status.code() {
         tonic::Code::Unavailable
-            | tonic::Code::Unknown
-            | tonic::Code::Cancelled
-            | tonic::Code::DeadlineExceeded
-            | tonic::Code::Aborted
-    )
+        | tonic::Code::Unknown
+        | tonic::Code::Cancelled
+        | tonic::Code::DeadlineExceeded
+        | tonic::Code::Aborted => true,
+        // A server shedding load says when to come back; other exhaustion (a limit the
+        // caller hit) is not cured by retrying.
+        tonic::Code::ResourceExhausted => status.metadata().get("grpc-retry-pushback-ms").is_some(),
+        _ => false,
+    }
 }

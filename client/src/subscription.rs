@@ -467,38 +467,37 @@ impl SessionTask {
             }
             backoff.reset();
             let instance_id: Arc<str> = Arc::from(instance.id.as_str());
-            match self.serve(&mut close, &instance_id, requests, stream).await {
+            let end = self.serve(&mut close, &instance_id, requests, stream).await;
+            let moved = match end {
                 SessionEnd::Closed => return,
                 SessionEnd::Moved => {
                     tracing::info!(instance = %instance.id, topic = %self.options.topic, "the instance is draining for a restart; moving the session");
-                    *self.session.lock().unwrap_or_else(|p| p.into_inner()) = None;
-                    // Everything ACKed was answered before the move; anything still waiting
-                    // (an ACK sent after the drain ended) is told so.
-                    for (_, waiters) in self.waiters.drain() {
-                        for waiter in waiters {
-                            let _ = waiter.send(Err(ClientError::Interrupted));
-                        }
-                    }
-                    Counters::bump(&self.counters.moves);
-                    self.inner.forget(&instance.id);
-                    exclude = vec![instance.id];
+                    true
                 }
                 SessionEnd::Broken(reason) => {
                     tracing::warn!(instance = %instance.id, reason, topic = %self.options.topic, "session broke; reconnecting");
-                    *self.session.lock().unwrap_or_else(|p| p.into_inner()) = None;
-                    for (_, waiters) in self.waiters.drain() {
-                        for waiter in waiters {
-                            let _ = waiter.send(Err(ClientError::Interrupted));
-                        }
-                    }
-                    Counters::bump(&self.counters.reconnects);
-                    self.inner.forget(&instance.id);
-                    exclude = vec![instance.id];
-                    let wait = backoff.next_wait();
-                    tokio::select! {
-                        _ = &mut close => return,
-                        () = tokio::time::sleep(wait) => {}
-                    }
+                    false
+                }
+            };
+            *self.session.lock().unwrap_or_else(|p| p.into_inner()) = None;
+            // After a move everything ACKed was answered; what still waits (an ACK sent after
+            // the drain ended, or into a broken stream) is told so.
+            for (_, waiters) in self.waiters.drain() {
+                for waiter in waiters {
+                    let _ = waiter.send(Err(ClientError::Interrupted));
+                }
+            }
+            self.inner.forget(&instance.id);
+            exclude = vec![instance.id];
+            if moved {
+                // A move is no failure: reconnect at once.
+                Counters::bump(&self.counters.moves);
+            } else {
+                Counters::bump(&self.counters.reconnects);
+                let wait = backoff.next_wait();
+                tokio::select! {
+                    _ = &mut close => return,
+                    () = tokio::time::sleep(wait) => {}
                 }
             }
         }

@@ -169,6 +169,15 @@ pub struct DeliverySettings {
     /// while nothing new is delivered, before they are told to move, ms. A session whose
     /// deliveries are all ACKed and durable moves at once; must be below the shutdown timeout.
     pub drain_ms: u64,
+    /// Most open Subscribe sessions one client id may have on this instance; more are refused
+    /// with RESOURCE_EXHAUSTED.
+    pub max_sessions_per_client: u32,
+    /// Most open Subscribe streams on one client connection (HTTP/2 multiplexes them); more
+    /// are refused with RESOURCE_EXHAUSTED.
+    pub max_streams_per_connection: u32,
+    /// Most Publish / PublishBatch calls in progress at once; more are shed at once with
+    /// RESOURCE_EXHAUSTED and `grpc-retry-pushback-ms` (the SDK backs off and retries).
+    pub max_publishes_in_progress: u32,
 }
 
 impl Default for Config {
@@ -209,6 +218,9 @@ impl Default for DeliverySettings {
             max_extend_ms: 600_000,
             assign_timeout_ms: 30_000,
             drain_ms: 5_000,
+            max_sessions_per_client: 256,
+            max_streams_per_connection: 1_024,
+            max_publishes_in_progress: 4_096,
         }
     }
 }
@@ -382,6 +394,15 @@ pub struct Args {
     /// Graceful-stop drain window, ms [default: 5000].
     #[arg(long, env = "EM_DISPATCHER_DRAIN_MS")]
     pub drain_ms: Option<u64>,
+    /// Most open sessions per client id [default: 256].
+    #[arg(long, env = "EM_DISPATCHER_MAX_SESSIONS_PER_CLIENT")]
+    pub max_sessions_per_client: Option<u32>,
+    /// Most open Subscribe streams per connection [default: 1024].
+    #[arg(long, env = "EM_DISPATCHER_MAX_STREAMS_PER_CONNECTION")]
+    pub max_streams_per_connection: Option<u32>,
+    /// Most publish calls in progress before shedding [default: 4096].
+    #[arg(long, env = "EM_DISPATCHER_MAX_PUBLISHES_IN_PROGRESS")]
+    pub max_publishes_in_progress: Option<u32>,
     /// Log format [default: text].
     #[arg(long, env = "EM_DISPATCHER_LOG_FORMAT")]
     pub log_format: Option<LogFormat>,
@@ -466,6 +487,27 @@ impl ServiceArgs for Args {
         apply(&mut d.max_extend_ms, self.max_extend_ms);
         apply(&mut d.assign_timeout_ms, self.assign_timeout_ms);
         apply(&mut d.drain_ms, self.drain_ms);
+        apply(&mut d.max_sessions_per_client, self.max_sessions_per_client);
+        apply(
+            &mut d.max_streams_per_connection,
+            self.max_streams_per_connection,
+        );
+        apply(
+            &mut d.max_publishes_in_progress,
+            self.max_publishes_in_progress,
+        );
+        for (key, value) in [
+            ("max_sessions_per_client", d.max_sessions_per_client),
+            ("max_streams_per_connection", d.max_streams_per_connection),
+            ("max_publishes_in_progress", d.max_publishes_in_progress),
+        ] {
+            if value == 0 {
+                return Err(ConfigError::Invalid {
+                    key,
+                    message: "must be at least 1".into(),
+                });
+            }
+        }
         if d.drain_ms >= config.shutdown_timeout_secs.saturating_mul(1000) {
             return Err(ConfigError::Invalid {
                 key: "drain_ms",

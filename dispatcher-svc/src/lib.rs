@@ -35,6 +35,7 @@ pub mod delivery_id;
 pub mod error;
 pub mod event;
 pub mod group;
+pub mod limits;
 pub mod offset_writer;
 pub mod pulling;
 pub mod registry;

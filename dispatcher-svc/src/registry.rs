@@ -58,6 +58,7 @@ use crate::config::DeliverySettings;
 use crate::dead_letters::DeadLetterWriter;
 use crate::error::DispatcherError;
 use crate::group::{self, GroupCmd, GroupInit, GroupReport, SessionLink};
+use crate::limits::{ConnectionStreams, PublishLimit};
 use crate::offset_writer::OffsetWriter;
 use crate::pulling::{Positions, pull_loop, reader_positions, rewind_targets};
 
@@ -149,6 +150,10 @@ pub struct Shared {
     pub cluster: Option<Arc<Cluster>>,
     /// The load this instance reports.
     pub meter: Arc<Meter>,
+    /// Open Subscribe streams per client connection.
+    pub connection_streams: Arc<ConnectionStreams>,
+    /// Publish calls in progress.
+    pub publishes: PublishLimit,
     puller: PullerServiceClient<Channel>,
     offsets: OffsetServiceClient<Channel>,
     groups: Mutex<Groups>,
@@ -188,8 +193,12 @@ impl Shared {
             parts.settings.pull_batch as usize,
             crate::pulling::PULL_KIB as usize * 1024,
         );
+        let connection_streams = ConnectionStreams::new(parts.settings.max_streams_per_connection);
+        let publishes = PublishLimit::new(parts.settings.max_publishes_in_progress);
         Arc::new(Shared {
             settings: parts.settings,
+            connection_streams,
+            publishes,
             epoch: rand::random::<u64>() >> 1,
             instance_id: parts.instance_id,
             writer: parts.writer,

@@ -256,6 +256,7 @@ impl EventMeshService for EventMeshGrpc {
         &self,
         request: Request<pb::PublishRequest>,
     ) -> Result<Response<pb::PublishResponse>, Status> {
+        let _in_progress = self.shared.publishes.try_enter()?;
         let request = request.into_inner();
         let topic = Topic::new(request.topic).map_err(|e| FieldError::new("topic", e))?;
         let prepared = prepare_publish(request.key, request.event)?;
@@ -286,6 +287,7 @@ impl EventMeshService for EventMeshGrpc {
         &self,
         request: Request<pb::PublishBatchRequest>,
     ) -> Result<Response<pb::PublishBatchResponse>, Status> {
+        let _in_progress = self.shared.publishes.try_enter()?;
         let request = request.into_inner();
         let topic = Topic::new(request.topic).map_err(|e| FieldError::new("topic", e))?;
         let max = eventmesh_common::grpc::MAX_PUBLISH_BATCH;
@@ -385,6 +387,11 @@ impl EventMeshService for EventMeshGrpc {
         &self,
         request: Request<Streaming<SubscribeRequest>>,
     ) -> Result<Response<Self::SubscribeStream>, Status> {
+        // One slot per stream of this connection, held for the session's life.
+        let stream_slot = request
+            .remote_addr()
+            .map(|peer| self.shared.connection_streams.open(peer))
+            .transpose()?;
         let mut inbound = request.into_inner();
         let open = match inbound.message().await? {
             Some(SubscribeRequest {
@@ -415,11 +422,27 @@ impl EventMeshService for EventMeshGrpc {
             out: out_tx.clone(),
             max_in_flight: session.max_in_flight,
         };
-        let handle = self
+        let client = session.client.as_str();
+        let limit = settings.max_sessions_per_client;
+        self.shared
+            .meter
+            .try_session_opened(client, limit)
+            .map_err(|open| {
+                Status::resource_exhausted(format!(
+                    "client {client:?} already has {open} open sessions on this instance (limit {limit}, max_sessions_per_client)"
+                ))
+            })?;
+        let handle = match self
             .shared
             .join(session.key.clone(), session.start, link)
-            .await?;
-        self.shared.meter.session_opened(session.client.as_str());
+            .await
+        {
+            Ok(handle) => handle,
+            Err(err) => {
+                self.shared.meter.session_closed(client);
+                return Err(err.into());
+            }
+        };
         let span = tracing::info_span!("session", session = session_id, client = %session.client, group = %session.key);
         tracing::info!(parent: &span, max_in_flight = session.max_in_flight, "session opened");
         let (responses, response_rx) = mpsc::channel(RESPONSE_BUFFER);
@@ -441,6 +464,7 @@ impl EventMeshService for EventMeshGrpc {
         tokio::spawn(
             async move {
                 task.run(inbound, out_rx, shutdown).await;
+                drop(stream_slot);
                 meter.session_closed(task.client.as_str());
                 let _ = group.send(GroupCmd::Leave {
                     session: session_id,

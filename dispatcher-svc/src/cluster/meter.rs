@@ -64,6 +64,22 @@ impl Meter {
         *self.lock_sessions().entry(client.to_owned()).or_default() += 1;
     }
 
+    /// Counts a session of `client` opening unless it already has `limit` open; answers the
+    /// count it has when refused.
+    pub fn try_session_opened(&self, client: &str, limit: u32) -> Result<(), u64> {
+        let mut sessions = self.lock_sessions();
+        let count = sessions.entry(client.to_owned()).or_default();
+        if *count >= u64::from(limit) {
+            let open = *count;
+            if open == 0 {
+                sessions.remove(client);
+            }
+            return Err(open);
+        }
+        *count += 1;
+        Ok(())
+    }
+
     /// A session of `client` closed.
     pub fn session_closed(&self, client: &str) {
         let mut sessions = self.lock_sessions();

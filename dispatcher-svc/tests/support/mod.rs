@@ -348,6 +348,14 @@ pub async fn try_subscribe(addr: SocketAddr, open: pb::Open) -> Result<Session, 
         .await
         .unwrap()
         .max_decoding_message_size(dispatcher_svc::server::MAX_MESSAGE_BYTES);
+    try_subscribe_on(&mut client, open).await
+}
+
+/// Opens a session on `client`'s connection; the status on refusal.
+pub async fn try_subscribe_on(
+    client: &mut EventMeshServiceClient<Channel>,
+    open: pb::Open,
+) -> Result<Session, tonic::Status> {
     let (tx, rx) = mpsc::channel(1024);
     tx.send(pb::SubscribeRequest {
         kind: Some(subscribe_request::Kind::Open(open)),
