@@ -258,6 +258,8 @@ pub(crate) struct Group {
     closing: bool,
     /// Draining ([`GroupCmd::Drain`]): nothing new is delivered.
     draining: bool,
+    /// When the actor last woke up: one clock read per wake-up serves every command of it.
+    woke_at: Instant,
     writes_healthy: bool,
     /// Settled deliveries waiting to be handed to the writer as one job.
     settled: settling::SettledWrites,
@@ -362,6 +364,7 @@ pub(crate) fn spawn(shared: Arc<Shared>, init: GroupInit) -> Started {
         grace_until: None,
         closing: false,
         draining: false,
+        woke_at: Instant::now(),
         writes_healthy,
         settled: settling::SettledWrites::default(),
         ended,
@@ -435,6 +438,7 @@ impl Group {
                 changed = health.changed() => Wake::Health(changed.is_ok()),
             };
             let working = Instant::now();
+            self.woke_at = working;
             // Commands check for settled ACKs due one by one (in `take`); other wake-ups here.
             let by_command = matches!(woke, Wake::Command(_));
             let go_on = match woke {
@@ -587,6 +591,7 @@ impl Group {
             now,
         );
         self.gauges.set(&report);
+        self.tallies.export();
         self.ack_latency.flush();
         self.report_tx.send_replace(report);
     }
@@ -723,7 +728,8 @@ impl Group {
                 // The waiter keeps the id as the client sent it, for the answers to come.
                 delivery.waiters.push((reply_to.clone(), raw_id));
                 delivery.state = DeliveryState::Writing;
-                delivery.acked_at = Some(Instant::now());
+                // The wake-up's clock: commands of one wake-up are handled within microseconds.
+                delivery.acked_at = Some(self.woke_at);
                 clear_timer(&mut self.timers, delivery, id.seq);
                 self.free_slot(state);
                 self.settle(id.seq);
@@ -1014,7 +1020,8 @@ impl Group {
         };
         self.budget.release(&self.label, delivery.charge);
         if let Some(acked_at) = delivery.acked_at {
-            self.ack_latency.observe(acked_at.elapsed());
+            self.ack_latency
+                .observe(self.woke_at.saturating_duration_since(acked_at));
         }
         // Each waiter's answer takes the id it kept.
         for (waiter, delivery_id) in delivery.waiters {

@@ -17,9 +17,11 @@ use eventmesh_common::metrics::{KeptCounter, KeptGauge, LATENCY_BUCKETS};
 use metrics::Label;
 
 /// One counter of the group: its value since the group started (for the report) and its
-/// Prometheus counter.
+/// Prometheus counter, which is brought up to date at each report — counting an event costs
+/// one addition, not a metric update (the exposition lags by at most one report interval).
 pub(crate) struct Tally {
     total: u64,
+    exported: u64,
     metric: KeptCounter,
 }
 
@@ -27,6 +29,7 @@ impl Tally {
     fn new(name: &'static str, labels: &[Label]) -> Self {
         Tally {
             total: 0,
+            exported: 0,
             metric: KeptCounter::counter(name, labels.to_vec()),
         }
     }
@@ -34,7 +37,14 @@ impl Tally {
     /// Counts one.
     pub(crate) fn add(&mut self) {
         self.total += 1;
-        self.metric.increment(1);
+    }
+
+    /// Adds what was counted since the last export to the Prometheus counter.
+    fn export(&mut self) {
+        if self.total > self.exported {
+            self.metric.increment(self.total - self.exported);
+            self.exported = self.total;
+        }
     }
 }
 
@@ -55,6 +65,20 @@ pub(crate) struct Tallies {
 }
 
 impl Tallies {
+    /// Brings every Prometheus counter up to date.
+    pub(crate) fn export(&mut self) {
+        for tally in [
+            &mut self.delivered,
+            &mut self.acked,
+            &mut self.nacked,
+            &mut self.redelivered,
+            &mut self.timed_out,
+            &mut self.dead_lettered,
+        ] {
+            tally.export();
+        }
+    }
+
     pub(crate) fn new(labels: &[Label]) -> Self {
         Tallies {
             delivered: Tally::new("dispatcher_deliveries_total", labels),
