@@ -6,10 +6,11 @@ use std::time::Instant;
 
 use eventmesh_proto::client as pb;
 use eventmesh_proto::client::event_mesh_service_client::EventMeshServiceClient;
-use tonic::transport::Channel;
+use tracing::Instrument as _;
 
 use crate::config::{Backoff, ClientConfig};
 use crate::error::{ClientError, is_transient_status};
+use crate::otel::{self, SdkChannel};
 use crate::subscription::{SubscribeOptions, Subscription};
 
 /// A connection to EventMesh. Cheap to clone; clones share the connection.
@@ -29,7 +30,7 @@ pub(crate) struct Inner {
 pub(crate) struct Instance {
     pub(crate) id: String,
     pub(crate) address: String,
-    pub(crate) channel: Channel,
+    pub(crate) channel: SdkChannel,
 }
 
 /// Why Recommend named no instance.
@@ -65,6 +66,7 @@ impl Client {
     /// with backoff until the configured retry deadline.
     pub async fn connect(config: ClientConfig) -> Result<Client, ClientError> {
         config.validate()?;
+        otel::enable();
         let client = Client {
             inner: Arc::new(Inner {
                 config,
@@ -105,6 +107,9 @@ impl Client {
         if event.id.is_empty() {
             event.id = new_event_id();
         }
+        let span = otel::publish_span(topic, 1);
+        span.record("messaging.message.id", event.id.as_str());
+        otel::stamp(&span, [&mut event]);
         let request = pb::PublishRequest {
             topic: topic.to_owned(),
             event: Some(event),
@@ -116,7 +121,13 @@ impl Client {
                 let request = request.clone();
                 async move { service.publish(request).await }
             })
+            .instrument(span.clone())
             .await?;
+        span.record(
+            "messaging.destination.partition.id",
+            answer.partition.as_str(),
+        );
+        span.record("eventmesh.offset", answer.offset);
         Ok(Published {
             partition: answer.partition,
             offset: answer.offset,
@@ -140,12 +151,14 @@ impl Client {
         topic: &str,
         events: Vec<(String, pb::Event)>,
     ) -> Result<Vec<Result<Published, ClientError>>, ClientError> {
+        let span = otel::publish_span(topic, events.len());
         let entries: Vec<pb::PublishEntry> = events
             .into_iter()
             .map(|(key, mut event)| {
                 if event.id.is_empty() {
                     event.id = new_event_id();
                 }
+                otel::stamp(&span, [&mut event]);
                 pb::PublishEntry {
                     event: Some(event),
                     key,
@@ -169,6 +182,7 @@ impl Client {
                     let request = request.clone();
                     async move { service.publish_batch(request).await }
                 })
+                .instrument(span.clone())
                 .await;
             let answer = match answer {
                 Ok(answer) if answer.outcomes.len() == unanswered.len() => answer,
@@ -388,7 +402,7 @@ impl Inner {
     /// failover) until the retry deadline.
     async fn call<T, F, Fut>(&self, operation: &'static str, call: F) -> Result<T, ClientError>
     where
-        F: Fn(EventMeshServiceClient<Channel>) -> Fut,
+        F: Fn(EventMeshServiceClient<SdkChannel>) -> Fut,
         Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
     {
         let started = Instant::now();

@@ -2,7 +2,9 @@
 
 use std::time::Duration;
 
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Endpoint;
+
+use crate::otel::{self, SdkChannel};
 
 use crate::error::ClientError;
 
@@ -108,9 +110,10 @@ impl ClientConfig {
         Ok(())
     }
 
-    /// A lazily connecting channel to `uri` with the keepalive settings.
-    pub(crate) fn channel(&self, uri: &str) -> Result<Channel, ClientError> {
-        Ok(self.endpoint_for(uri)?.connect_lazy())
+    /// A lazily connecting channel to `uri` with the keepalive settings (and the caller's
+    /// trace context on every call with the `otel` feature).
+    pub(crate) fn channel(&self, uri: &str) -> Result<SdkChannel, ClientError> {
+        Ok(otel::traced(self.endpoint_for(uri)?.connect_lazy()))
     }
 
     fn endpoint_for(&self, uri: &str) -> Result<Endpoint, ClientError> {

@@ -44,6 +44,10 @@
 //! empty event id get one from the SDK before the first try, so a retry after a lost answer
 //! carries the same id.
 //!
+//! With the `otel` feature the SDK makes its own `publish`, `create`, `receive` and `ack`/`nack`
+//! spans (OpenTelemetry messaging conventions) and carries the trace context on its calls and
+//! events; [`Delivery::traceparent`] is there either way. See docs/TRACING.md.
+//!
 //! The crate also runs a local instance (three service processes) for development and tests
 //! ([`local`]) and holds the `emctl` command-line tool. It depends on the proto crate and the
 //! gRPC stack only: no RocksDB, rdkafka or etcd in a user's build.
@@ -52,6 +56,7 @@ mod client;
 mod config;
 mod error;
 pub mod local;
+mod otel;
 mod publisher;
 mod subscription;
 

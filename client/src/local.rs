@@ -102,6 +102,9 @@ pub struct LocalConfig {
     /// A crash point armed when the instance starts (`after-pull:50`; see the service's
     /// crash module); a restart via [`LocalInstance::start_service`] names its own.
     pub crash_at: Option<(Service, String)>,
+    /// Environment variables set for every service (after the inherited ones), e.g. the
+    /// `OTEL_*` settings of span export.
+    pub env: Vec<(String, String)>,
 }
 
 impl LocalConfig {
@@ -116,6 +119,7 @@ impl LocalConfig {
             extra_args: Default::default(),
             log_filter: "info".into(),
             crash_at: None,
+            env: Vec::new(),
         }
     }
 
@@ -132,6 +136,12 @@ impl LocalConfig {
     /// Arms a crash point of `service` for its first start.
     pub fn crash_at(mut self, service: Service, point: impl Into<String>) -> Self {
         self.crash_at = Some((service, point.into()));
+        self
+    }
+
+    /// Sets an environment variable for every service.
+    pub fn env(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+        self.env.push((key.into(), value.into()));
         self
     }
 
@@ -277,6 +287,7 @@ impl LocalInstance {
             .append(true)
             .open(&log_path)
             .map_err(|e| process_error(format!("opening {}: {e}", log_path.display())))?;
+        command.envs(self.config.env.iter().map(|(key, value)| (key, value)));
         command
             .env("RUST_LOG", &self.config.log_filter)
             .env("NO_COLOR", "1")

@@ -25,8 +25,9 @@ use eventmesh_proto::client as pb;
 use prost::Message;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 
-use crate::client::{Client, MAX_MESSAGE, Published};
+use crate::client::{Client, MAX_MESSAGE, Published, new_event_id};
 use crate::error::ClientError;
+use crate::otel;
 
 /// How a [`Publisher`] batches.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -63,6 +64,7 @@ pub struct Publisher {
     /// Encoded bytes queued or in flight may not exceed its permits.
     room: Arc<Semaphore>,
     room_bytes: usize,
+    topic: Arc<str>,
 }
 
 /// One event waiting for its batch.
@@ -101,18 +103,29 @@ impl Publisher {
         };
         let (queue, queued) =
             mpsc::channel(options.max_batch_events * options.max_in_flight_batches);
-        tokio::spawn(run_batches(client, topic.into(), options, queued));
+        let topic: Arc<str> = topic.into().into();
+        tokio::spawn(run_batches(client, topic.to_string(), options, queued));
         let room_bytes = options.max_batch_bytes * options.max_in_flight_batches;
         Publisher {
             queue,
             room: Arc::new(Semaphore::new(room_bytes)),
             room_bytes,
+            topic,
         }
     }
 
     /// Queues `event` (with an ordering key; empty lets the backend spread) and returns its
     /// pending answer; waits while the queue is full.
-    pub async fn submit(&self, key: &str, event: pb::Event) -> Result<PendingPublish, ClientError> {
+    pub async fn submit(
+        &self,
+        key: &str,
+        mut event: pb::Event,
+    ) -> Result<PendingPublish, ClientError> {
+        if event.id.is_empty() {
+            event.id = new_event_id();
+        }
+        // The event's own creation context, taken now: the batch is sent from another task.
+        otel::stamp(&otel::create_span(&self.topic, &event), [&mut event]);
         let (answer, pending) = oneshot::channel();
         let size = (event.encoded_len() + key.len()).clamp(1, self.room_bytes);
         let room = Arc::clone(&self.room)

@@ -31,10 +31,12 @@ use eventmesh_proto::{DRAINING_METADATA, SubscribeItem};
 use futures::Stream;
 use tokio::sync::{mpsc, oneshot};
 use tokio_stream::wrappers::UnboundedReceiverStream;
+use tracing::Instrument as _;
 
 use crate::client::{GroupTarget, Inner, Instance, MAX_MESSAGE};
 use crate::config::Backoff;
 use crate::error::{ClientError, is_transient_status};
+use crate::otel;
 
 pub use pb::{AckOutcome, StartPosition, SubscriptionMode};
 
@@ -165,12 +167,23 @@ pub struct Delivery {
     /// instance; their ACKs are then answered UNKNOWN and the events come back.
     pub instance_id: Arc<str>,
     commands: mpsc::UnboundedSender<Command>,
+    /// The receive span's context (the `otel` feature; `()` without it).
+    #[cfg_attr(not(feature = "otel"), allow(dead_code))]
+    pub(crate) trace: otel::DeliveryTrace,
 }
 
 impl Delivery {
+    /// The W3C trace context the event carries (its `traceparent` attribute, the CloudEvents
+    /// distributed-tracing extension): the producer's, or the one the runtime's publish span
+    /// gave it. Continue the trace from it (e.g. with an OpenTelemetry propagator).
+    pub fn traceparent(&self) -> Option<&str> {
+        self.event.attributes.get("traceparent").map(String::as_str)
+    }
+
     /// ACKs the delivery. Returns at once; the outcome shows in [`Subscription::stats`] and
     /// [`Subscription::ack_results`]. ACKs queued together travel in one message.
     pub fn ack(&self) {
+        let _settle = otel::settle_span(self, false).entered();
         self.send(Command::Ack(self.id.clone(), None));
     }
 
@@ -188,11 +201,14 @@ impl Delivery {
     pub async fn ack_and_wait(&self) -> Result<AckOutcome, ClientError> {
         let (tx, rx) = oneshot::channel();
         self.send(Command::Ack(self.id.clone(), Some(tx)));
-        rx.await.unwrap_or(Err(ClientError::Closed))
+        rx.instrument(otel::settle_span(self, false))
+            .await
+            .unwrap_or(Err(ClientError::Closed))
     }
 
     /// Asks for a redelivery after `delay` (zero: the server's backoff schedule).
     pub fn nack(&self, delay: Duration) {
+        let _settle = otel::settle_span(self, true).entered();
         self.send(Command::Nack(self.id.clone(), millis(delay)));
     }
 
@@ -358,7 +374,7 @@ impl Subscription {
     /// go on (no instance reachable within the retry deadline, or the server refused the
     /// re-open); `None` follows.
     pub async fn next(&mut self) -> Option<Result<Delivery, ClientError>> {
-        self.deliveries.recv().await
+        std::future::poll_fn(|cx| Pin::new(&mut *self).poll_next(cx)).await
     }
 
     /// Every ACK/NACK/Extend answer from now on (DURABLE, PENDING, …), for applications that
@@ -397,7 +413,11 @@ impl Stream for Subscription {
     type Item = Result<Delivery, ClientError>;
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        self.deliveries.poll_recv(cx)
+        let mut next = self.deliveries.poll_recv(cx);
+        if let Poll::Ready(Some(Ok(delivery))) = &mut next {
+            otel::received(delivery);
+        }
+        next
     }
 }
 
@@ -742,6 +762,7 @@ impl SessionTask {
                     ack_deadline_unix_ms: delivery.ack_deadline_unix_ms,
                     instance_id: Arc::clone(instance_id),
                     commands: self.commands_tx.clone(),
+                    trace: Default::default(),
                 })
             }
             SubscribeItem::AckResult(result) => {

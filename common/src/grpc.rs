@@ -31,6 +31,8 @@ use tonic::transport::server::{Router, TcpIncoming};
 use tower::layer::util::{Identity, Stack};
 
 use crate::grpc_metrics::GrpcMetricsLayer;
+use crate::trace_context::{TraceContextInjector, TraceContextLayer};
+use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Channel, Endpoint, Server};
 use tonic_health::ServingStatus;
 use tonic_health::server::HealthReporter;
@@ -87,13 +89,17 @@ pub const PUBLISH_BATCH_REQUEST_LIMIT: usize = 2 * PUBLISH_REQUEST_LIMIT;
 /// Writers split batches well below it.
 pub const OFFSETS_MESSAGE_LIMIT: usize = 256 * 1024 * 1024;
 
-/// A lazily connecting channel to a co-located service at `uri`, with keepalive and a
-/// deadline of `call_timeout` on every call.
+/// A channel to a co-located service: every call carries the calling span's trace context
+/// ([`TraceContextInjector`]).
+pub type InternalChannel = InterceptedService<Channel, TraceContextInjector>;
+
+/// A lazily connecting channel to a co-located service at `uri`, with keepalive, a deadline
+/// of `call_timeout` on every call and the caller's trace context.
 pub fn internal_channel(
     uri: &str,
     call_timeout: Duration,
-) -> Result<Channel, tonic::transport::Error> {
-    Ok(Endpoint::from_shared(uri.to_owned())?
+) -> Result<InternalChannel, tonic::transport::Error> {
+    let channel = Endpoint::from_shared(uri.to_owned())?
         .tcp_nodelay(true)
         .initial_stream_window_size(HTTP2_STREAM_WINDOW)
         .initial_connection_window_size(HTTP2_CONNECTION_WINDOW)
@@ -102,11 +108,18 @@ pub fn internal_channel(
         .keep_alive_while_idle(true)
         .connect_timeout(call_timeout)
         .timeout(call_timeout)
-        .connect_lazy())
+        .connect_lazy();
+    Ok(traced(channel))
 }
 
-/// The layers every server runs its services in: gRPC metrics ([`GrpcMetricsLayer`]).
-pub type ServerLayers = Stack<GrpcMetricsLayer, Identity>;
+/// `channel` with the caller's trace context on every call (what [`internal_channel`] makes).
+pub fn traced(channel: Channel) -> InternalChannel {
+    InterceptedService::new(channel, TraceContextInjector)
+}
+
+/// The layers every server runs its services in: gRPC metrics ([`GrpcMetricsLayer`]) inside
+/// the caller's trace context ([`TraceContextLayer`]).
+pub type ServerLayers = Stack<TraceContextLayer, Stack<GrpcMetricsLayer, Identity>>;
 
 /// A server builder with the project's transport settings and [`ServerLayers`].
 pub fn server_builder() -> Server<ServerLayers> {
@@ -117,6 +130,7 @@ pub fn server_builder() -> Server<ServerLayers> {
         .http2_keepalive_interval(Some(Duration::from_secs(10)))
         .http2_keepalive_timeout(Some(Duration::from_secs(5)))
         .layer(GrpcMetricsLayer)
+        .layer(TraceContextLayer)
 }
 
 /// A reflection descriptor set failed to load.

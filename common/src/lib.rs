@@ -9,6 +9,7 @@
 //! * [`status`] — the one mapping from errors to `tonic::Status`.
 //! * [`config`] — config file loading and flag precedence.
 //! * [`telemetry`] — tracing and OpenTelemetry initialisation.
+//! * [`trace_context`] — W3C trace context between processes and with events; messaging spans.
 //! * [`metrics`] — the Prometheus exporter.
 //! * [`grpc`] — the gRPC server settings, health, reflection and ordered drain every service uses.
 //! * [`grpc_metrics`] — the tower layer that counts and times every gRPC call a service serves.
@@ -29,3 +30,4 @@ pub mod metrics;
 pub mod shutdown;
 pub mod status;
 pub mod telemetry;
+pub mod trace_context;

@@ -3,8 +3,13 @@
 //! * Logs go to stderr, as text or JSON (`--log-format`), filtered by `RUST_LOG`
 //!   (default `info`).
 //! * When `OTEL_EXPORTER_OTLP_ENDPOINT` is set, spans are also exported over OTLP/gRPC with
-//!   the service name as `service.name`; the exporter reads the standard `OTEL_*` variables.
-//!   Without it, nothing is exported and nothing is buffered.
+//!   the service name as `service.name`; the exporter and the sampler read the standard
+//!   `OTEL_*` variables (`OTEL_TRACES_SAMPLER=parentbased_traceidratio`,
+//!   `OTEL_TRACES_SAMPLER_ARG=0.01`, `OTEL_BSP_SCHEDULE_DELAY`, …). Without it, nothing is
+//!   exported, nothing is buffered and [`crate::trace_context`] does no work.
+//! * Exported are the hop spans only — the messaging spans and the gRPC server spans of calls
+//!   that carry a sampled context ([`crate::trace_context`]) — never the log-only spans, and
+//!   independently of `RUST_LOG`.
 //!
 //! Keep the returned [`TelemetryGuard`] alive for the life of the process: dropping it flushes
 //! and shuts down the exporter.
@@ -12,6 +17,7 @@
 use opentelemetry::trace::TracerProvider as _;
 use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::trace::SdkTracerProvider;
+use tracing_subscriber::filter::{LevelFilter, Targets};
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{EnvFilter, Layer};
@@ -77,20 +83,28 @@ pub fn init(
             .json()
             .with_writer(std::io::stderr)
             .boxed(),
-    };
+    }
+    .with_filter(filter);
     let provider = match std::env::var_os("OTEL_EXPORTER_OTLP_ENDPOINT") {
         Some(_) => Some(otlp_provider(service_name)?),
         None => None,
     };
-    let otel_layer = provider
-        .as_ref()
-        .map(|provider| tracing_opentelemetry::layer().with_tracer(provider.tracer(service_name)));
+    let otel_layer = provider.as_ref().map(|provider| {
+        let hops = Targets::new()
+            .with_target("eventmesh::messaging", LevelFilter::INFO)
+            .with_target("eventmesh::grpc", LevelFilter::INFO);
+        tracing_opentelemetry::layer()
+            .with_tracer(provider.tracer(service_name))
+            .with_filter(hops)
+    });
     tracing_subscriber::registry()
-        .with(filter)
         .with(fmt_layer)
         .with(otel_layer)
         .try_init()
         .map_err(|err| TelemetryError::Subscriber(err.to_string()))?;
+    if provider.is_some() {
+        crate::trace_context::enable();
+    }
     Ok(TelemetryGuard { provider })
 }
 

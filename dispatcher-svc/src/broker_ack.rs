@@ -6,15 +6,20 @@
 //! batches while the puller is down, are retried with backoff; an unknown key is logged (the
 //! broker redelivers it after its invisible time, and the dispatcher then drops the copy as
 //! settled). The crash point `before-broker-ack` fires just before a batch is sent.
+//!
+//! A batch holding traced events is sent inside a `broker_ack` span linked to each of them;
+//! its context goes to the puller with the call.
 
 use std::time::Duration;
 
+use eventmesh_common::grpc::InternalChannel;
 use eventmesh_common::shutdown::CancellationToken;
+use eventmesh_common::trace_context::{EventTrace, Operation, links_span};
 use eventmesh_proto::puller::puller_service_client::PullerServiceClient;
 use eventmesh_proto::puller::{AckPulledEntry, AckPulledOutcome, AckPulledRequest, GroupTopic};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
-use tonic::transport::Channel;
+use tracing::Instrument as _;
 
 use crate::batching::{Backoff, gather};
 use crate::crash::{CrashPoint, crash_point};
@@ -22,17 +27,20 @@ use crate::crash::{CrashPoint, crash_point};
 /// Most entries per AckPulled call.
 const MAX_BATCH: usize = 2_000;
 
+/// One broker ACK to send, with the trace context of its event (if traced).
+type Queued = (AckPulledEntry, Option<Box<EventTrace>>);
+
 /// Handle to the forwarder task.
 #[derive(Clone)]
 pub struct BrokerAcker {
-    entries: mpsc::UnboundedSender<AckPulledEntry>,
+    entries: mpsc::UnboundedSender<Queued>,
 }
 
 impl BrokerAcker {
     /// Starts the forwarder; it ends when every handle is dropped and its queue is sent, or at
     /// `shutdown` while the puller is failing.
     pub fn spawn(
-        channel: Channel,
+        channel: InternalChannel,
         window: Duration,
         shutdown: CancellationToken,
     ) -> (BrokerAcker, JoinHandle<()>) {
@@ -42,17 +50,38 @@ impl BrokerAcker {
     }
 
     /// Queues one broker ACK.
-    pub fn ack(&self, reader: GroupTopic, ack_key: String) {
-        let _ = self.entries.send(AckPulledEntry {
-            reader: Some(reader),
-            ack_key,
-        });
+    pub fn ack(&self, reader: GroupTopic, ack_key: String, trace: Option<Box<EventTrace>>) {
+        let _ = self.entries.send((
+            AckPulledEntry {
+                reader: Some(reader),
+                ack_key,
+            },
+            trace,
+        ));
     }
 }
 
+/// The span of a batch with traced events (linked to each), else a disabled one.
+fn traced_batch_span(batch: &[Queued]) -> tracing::Span {
+    let mut traced = batch
+        .iter()
+        .filter_map(|(entry, trace)| Some((entry, trace.as_deref()?)));
+    let Some((first, _)) = traced.next() else {
+        return tracing::Span::none();
+    };
+    let topic = first
+        .reader
+        .as_ref()
+        .map_or("", |reader| reader.topic.as_str());
+    let links = batch
+        .iter()
+        .filter_map(|(_, trace)| trace.as_deref().map(EventTrace::span_context));
+    links_span(Operation::BROKER_ACK, topic, links, batch.len())
+}
+
 async fn run(
-    mut client: PullerServiceClient<Channel>,
-    mut rx: mpsc::UnboundedReceiver<AckPulledEntry>,
+    mut client: PullerServiceClient<InternalChannel>,
+    mut rx: mpsc::UnboundedReceiver<Queued>,
     window: Duration,
     shutdown: CancellationToken,
 ) {
@@ -63,30 +92,33 @@ async fn run(
             return;
         }
         let take = queue.len().min(MAX_BATCH);
-        let batch: Vec<_> = queue.drain(..take).collect();
+        let batch: Vec<Queued> = queue.drain(..take).collect();
         crash_point(CrashPoint::BeforeBrokerAck);
+        let span = traced_batch_span(&batch);
         let failed = match client
             .ack_pulled(AckPulledRequest {
-                entries: batch.clone(),
+                entries: batch.iter().map(|(entry, _)| entry.clone()).collect(),
             })
+            .instrument(span)
             .await
         {
             Ok(response) => {
                 let results = response.into_inner().results;
                 let mut failed = Vec::new();
-                for (entry, result) in batch.into_iter().zip(results) {
+                for (queued, result) in batch.into_iter().zip(results) {
+                    let entry = &queued.0;
                     match AckPulledOutcome::try_from(result.outcome) {
                         Ok(AckPulledOutcome::Acked | AckPulledOutcome::NotApplicable) => {
                             metrics::counter!("dispatcher_broker_acks_total").increment(1);
                         }
                         Ok(AckPulledOutcome::UnknownKey) => {
                             tracing::warn!(
-                                ack_key = entry.ack_key,
+                                ack_key = %entry.ack_key,
                                 detail = result.detail,
                                 "broker ACK key unknown to the puller; the broker will redeliver and the copy is dropped as settled"
                             );
                         }
-                        _ => failed.push(entry),
+                        _ => failed.push(queued),
                     }
                 }
                 failed

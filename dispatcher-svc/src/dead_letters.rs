@@ -12,9 +12,9 @@ use std::collections::HashSet;
 use std::sync::Mutex;
 
 use eventmesh_common::dead_letter::{DeadLetter, ENVELOPE_LIMITS, dlq_topic};
+use eventmesh_common::grpc::InternalChannel;
 use eventmesh_proto::puller::puller_service_client::PullerServiceClient;
 use eventmesh_proto::puller::{CreateTopicRequest, PublishRequest};
-use tonic::transport::Channel;
 
 use crate::batching::Backoff;
 
@@ -40,13 +40,13 @@ fn is_permanent(status: &tonic::Status) -> bool {
 
 /// Writes envelopes.
 pub struct DeadLetterWriter {
-    puller: PullerServiceClient<Channel>,
+    puller: PullerServiceClient<InternalChannel>,
     created: Mutex<HashSet<String>>,
 }
 
 impl DeadLetterWriter {
     /// Writes through `channel` to puller-svc.
-    pub fn new(channel: Channel) -> Self {
+    pub fn new(channel: InternalChannel) -> Self {
         DeadLetterWriter {
             puller: PullerServiceClient::new(channel),
             created: Mutex::default(),

@@ -11,18 +11,24 @@
 //! pending", DESIGN §6), the writer reports itself unhealthy (pulling pauses, readiness goes
 //! off) and retries the merged batch with backoff until offset-svc answers. Nothing is
 //! dropped: a job leaves only as durable.
+//!
+//! A write covering traced deliveries runs inside a `commit <topic>` span linked to each of
+//! them (one write settles many events: it is no one event's child); its context goes to
+//! offset-svc with the call.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use eventmesh_common::grpc::InternalChannel;
 use eventmesh_common::keys::OffsetKey;
 use eventmesh_common::shutdown::CancellationToken;
+use eventmesh_common::trace_context::{Operation, SpanContext, links_span};
 use eventmesh_proto::offset::offset_service_client::OffsetServiceClient;
 use eventmesh_proto::offset::{OffsetEntry, WriteOffsetsRequest};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
-use tonic::transport::Channel;
+use tracing::Instrument as _;
 
 use crate::batching::{Backoff, gather};
 
@@ -42,6 +48,8 @@ pub type Listener = Arc<dyn Fn(WriteNotice) + Send + Sync>;
 pub struct WriteJob {
     /// Keys and the values they must reach (CAS-max: lower stored values are raised).
     pub entries: Vec<(OffsetKey, i64)>,
+    /// The trace contexts of the traced deliveries this job settles.
+    pub links: Vec<SpanContext>,
     /// Who is told.
     pub listener: Listener,
 }
@@ -63,7 +71,7 @@ impl OffsetWriter {
     /// until `shutdown` while offset-svc is failing (what is then left was never durable and is
     /// pulled again after a restart).
     pub fn spawn(
-        channel: Channel,
+        channel: InternalChannel,
         window: Duration,
         sync: bool,
         shutdown: CancellationToken,
@@ -103,6 +111,7 @@ impl OffsetWriter {
         let tx = std::sync::Mutex::new(Some(tx));
         self.submit(WriteJob {
             entries: Vec::new(),
+            links: Vec::new(),
             listener: Arc::new(move |notice| {
                 if notice == WriteNotice::Durable
                     && let Some(tx) = tx.lock().unwrap_or_else(|p| p.into_inner()).take()
@@ -116,7 +125,7 @@ impl OffsetWriter {
 }
 
 async fn run(
-    mut client: OffsetServiceClient<Channel>,
+    mut client: OffsetServiceClient<InternalChannel>,
     mut rx: mpsc::UnboundedReceiver<WriteJob>,
     window: Duration,
     sync: bool,
@@ -147,7 +156,8 @@ async fn run(
         let request = merged(&queue, sync);
         let entries = request.entries.len();
         let started = Instant::now();
-        match write_in_chunks(&mut client, request).await {
+        let span = traced_write_span(&queue);
+        match write_in_chunks(&mut client, request).instrument(span).await {
             Ok(_) => {
                 metrics::histogram!("dispatcher_offset_write_seconds")
                     .record(started.elapsed().as_secs_f64());
@@ -180,13 +190,29 @@ async fn run(
     }
 }
 
+/// The span of a write settling traced deliveries (linked to each), else a disabled one.
+fn traced_write_span(queue: &[Queued]) -> tracing::Span {
+    let mut traced = queue.iter().filter(|q| !q.job.links.is_empty());
+    let Some(first) = traced.next() else {
+        return tracing::Span::none();
+    };
+    let topic = first
+        .job
+        .entries
+        .first()
+        .map_or("", |(key, _)| key.topic.as_str());
+    let links = queue.iter().flat_map(|q| q.job.links.iter());
+    let deliveries = queue.iter().map(|q| q.job.links.len()).sum();
+    links_span(Operation::OFFSET_WRITE, topic, links, deliveries)
+}
+
 /// Most entries per WriteOffsets call (offset-svc refuses more than 100,000); a merged batch
 /// above it goes out in several calls, every job told only once all of them succeeded (a
 /// retry after a partial failure repeats CAS-max writes, which is harmless).
 const WRITE_CHUNK: usize = 50_000;
 
 async fn write_in_chunks(
-    client: &mut OffsetServiceClient<Channel>,
+    client: &mut OffsetServiceClient<InternalChannel>,
     request: WriteOffsetsRequest,
 ) -> Result<(), tonic::Status> {
     if request.entries.len() <= WRITE_CHUNK {

@@ -34,6 +34,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use eventmesh_common::grpc;
+use eventmesh_common::grpc::InternalChannel;
 use eventmesh_common::keys::{GroupName, OffsetClient, PartitionId, Topic};
 use eventmesh_common::shutdown::CancellationToken;
 use eventmesh_proto::client::StartPosition;
@@ -46,7 +47,6 @@ use eventmesh_proto::puller::{
     AttachRequest, CreateTopicRequest, EndOffsetsRequest, GroupTopic, PastEnd,
 };
 use tokio::sync::{mpsc, oneshot, watch};
-use tonic::transport::Channel;
 
 use crate::batching::Backoff;
 use crate::broker_ack::BrokerAcker;
@@ -154,8 +154,8 @@ pub struct Shared {
     pub connection_streams: Arc<ConnectionStreams>,
     /// Publish calls in progress.
     pub publishes: PublishLimit,
-    puller: PullerServiceClient<Channel>,
-    offsets: OffsetServiceClient<Channel>,
+    puller: PullerServiceClient<InternalChannel>,
+    offsets: OffsetServiceClient<InternalChannel>,
     groups: Mutex<Groups>,
     creating: tokio::sync::Mutex<()>,
     budgets: Mutex<HashMap<Topic, Arc<TopicBudget>>>,
@@ -171,9 +171,9 @@ pub struct SharedParts {
     /// Instance id.
     pub instance_id: String,
     /// To puller-svc.
-    pub puller: Channel,
+    pub puller: InternalChannel,
     /// To offset-svc.
-    pub offsets: Channel,
+    pub offsets: InternalChannel,
     /// The writer.
     pub writer: OffsetWriter,
     /// The forwarder.
@@ -221,12 +221,12 @@ impl Shared {
     }
 
     /// A puller client.
-    pub fn puller(&self) -> PullerServiceClient<Channel> {
+    pub fn puller(&self) -> PullerServiceClient<InternalChannel> {
         self.puller.clone()
     }
 
     /// An offset-svc client.
-    pub fn offsets(&self) -> OffsetServiceClient<Channel> {
+    pub fn offsets(&self) -> OffsetServiceClient<InternalChannel> {
         self.offsets.clone()
     }
 

@@ -17,12 +17,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use eventmesh_common::grpc;
+use eventmesh_common::grpc::InternalChannel;
 use eventmesh_common::shutdown::CancellationToken;
 use eventmesh_proto::client::admin_service_server::AdminServiceServer;
 use eventmesh_proto::client::event_mesh_service_server::EventMeshServiceServer;
 use tokio::net::TcpListener;
 use tonic::server::NamedService;
-use tonic::transport::Channel;
 use tonic_health::ServingStatus;
 
 use crate::admin::AdminGrpc;
@@ -84,7 +84,7 @@ fn lazy_channel(
     name: &'static str,
     value: &str,
     call_timeout: Duration,
-) -> Result<Channel, ServerError> {
+) -> Result<InternalChannel, ServerError> {
     grpc::internal_channel(value, call_timeout).map_err(|source| ServerError::Endpoint {
         name,
         value: value.to_owned(),

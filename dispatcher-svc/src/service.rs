@@ -16,9 +16,11 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
+use eventmesh_common::grpc::InternalChannel;
 use eventmesh_common::keys::{ClientId, GroupName, Topic};
 use eventmesh_common::shutdown::CancellationToken;
 use eventmesh_common::status::FieldError;
+use eventmesh_common::trace_context::{self, Operation, TRACEPARENT, entry_span};
 use eventmesh_proto::client as pb;
 use eventmesh_proto::client::event_mesh_service_server::EventMeshService;
 use eventmesh_proto::client::{
@@ -30,7 +32,6 @@ use eventmesh_proto::puller::PublishRequest as PullerPublish;
 use eventmesh_proto::puller::puller_service_client::PullerServiceClient;
 use futures::Stream;
 use tokio::sync::mpsc;
-use tonic::transport::Channel;
 use tonic::{Request, Response, Status, Streaming};
 use tracing::Instrument;
 
@@ -71,7 +72,7 @@ impl EventMeshGrpc {
         mut send: F,
     ) -> Result<T, DispatcherError>
     where
-        F: FnMut(PullerServiceClient<Channel>) -> Fut,
+        F: FnMut(PullerServiceClient<InternalChannel>) -> Fut,
         Fut: std::future::Future<Output = Result<Response<T>, Status>>,
     {
         let puller = self.shared.puller();
@@ -124,6 +125,18 @@ fn prepare_publish(
         },
         event_id,
     })
+}
+
+/// Gives each event published without a trace context the publish span's (when sampled), so
+/// its later hops join the publish's trace; a producer's own context is never replaced.
+fn stamp_trace<'a>(span: &tracing::Span, events: impl Iterator<Item = &'a mut pb::Event>) {
+    let Some(publish) = trace_context::sampled(span) else {
+        return;
+    };
+    let traceparent = trace_context::traceparent(&publish);
+    for event in events {
+        event.carry_traceparent(&traceparent);
+    }
 }
 
 /// The answer for an event of a batch that was not stored.
@@ -257,8 +270,21 @@ impl EventMeshService for EventMeshGrpc {
         request: Request<pb::PublishRequest>,
     ) -> Result<Response<pb::PublishResponse>, Status> {
         let _in_progress = self.shared.publishes.try_enter()?;
-        let request = request.into_inner();
+        let lone_trace = request
+            .get_ref()
+            .event
+            .as_ref()
+            .and_then(|event| event.attributes.get(TRACEPARENT))
+            .map(String::as_str);
+        let span = entry_span(
+            &request,
+            lone_trace,
+            Operation::PUBLISH,
+            &request.get_ref().topic,
+        );
+        let mut request = request.into_inner();
         let topic = Topic::new(request.topic).map_err(|e| FieldError::new("topic", e))?;
+        stamp_trace(&span, request.event.iter_mut());
         let prepared = prepare_publish(request.key, request.event)?;
         let published_bytes = prepared.record.body.len();
         let event_id = prepared.event_id;
@@ -273,7 +299,14 @@ impl EventMeshService for EventMeshGrpc {
                 let publish = publish.clone();
                 async move { puller.publish(publish).await }
             })
+            .instrument(span.clone())
             .await?;
+        span.record("messaging.message.id", event_id.as_str());
+        span.record(
+            "messaging.destination.partition.id",
+            stored.partition.as_str(),
+        );
+        span.record("eventmesh.offset", stored.offset);
         metrics::counter!("dispatcher_published_total").increment(1);
         self.shared.meter.published(published_bytes);
         Ok(Response::new(pb::PublishResponse {
@@ -288,8 +321,20 @@ impl EventMeshService for EventMeshGrpc {
         request: Request<pb::PublishBatchRequest>,
     ) -> Result<Response<pb::PublishBatchResponse>, Status> {
         let _in_progress = self.shared.publishes.try_enter()?;
-        let request = request.into_inner();
+        let span = entry_span(&request, None, Operation::PUBLISH, &request.get_ref().topic);
+        span.record(
+            "messaging.batch.message_count",
+            request.get_ref().entries.len() as u64,
+        );
+        let mut request = request.into_inner();
         let topic = Topic::new(request.topic).map_err(|e| FieldError::new("topic", e))?;
+        stamp_trace(
+            &span,
+            request
+                .entries
+                .iter_mut()
+                .filter_map(|entry| entry.event.as_mut()),
+        );
         let max = eventmesh_common::grpc::MAX_PUBLISH_BATCH;
         if request.entries.len() > max {
             return Err(DispatcherError::invalid(
@@ -332,6 +377,7 @@ impl EventMeshService for EventMeshGrpc {
                     let batch = batch.clone();
                     async move { puller.publish_batch(batch).await }
                 })
+                .instrument(span)
                 .await?;
             if answered.outcomes.len() != sent.len() {
                 return Err(DispatcherError::dependency(

@@ -70,3 +70,20 @@ impl client::SubscribeResponse {
         }
     }
 }
+
+/// The event attribute carrying its W3C trace context (the CloudEvents distributed-tracing
+/// extension).
+pub const TRACEPARENT_ATTRIBUTE: &str = "traceparent";
+
+impl client::Event {
+    /// Gives the event the trace context `traceparent` unless it carries one already (as a
+    /// text or a binary attribute): a producer's context is never rewritten.
+    pub fn carry_traceparent(&mut self, traceparent: &str) {
+        if self.binary_attributes.contains_key(TRACEPARENT_ATTRIBUTE) {
+            return;
+        }
+        self.attributes
+            .entry(TRACEPARENT_ATTRIBUTE.to_owned())
+            .or_insert_with(|| traceparent.to_owned());
+    }
+}

@@ -11,10 +11,10 @@
 
 use std::collections::BTreeMap;
 
+use eventmesh_common::grpc::InternalChannel;
 use eventmesh_common::keys::{OffsetClient, PartitionId};
 use eventmesh_proto::offset::ReadTopicOffsetsRequest;
 use eventmesh_proto::offset::offset_service_client::OffsetServiceClient;
-use tonic::transport::Channel;
 
 use crate::cursors::Alignment;
 use crate::storage::{ReaderKey, Storage, StorageError};
@@ -41,12 +41,12 @@ pub enum AlignError {
 /// Reads group watermarks from offset-svc.
 #[derive(Clone)]
 pub struct WatermarkSource {
-    client: OffsetServiceClient<Channel>,
+    client: OffsetServiceClient<InternalChannel>,
 }
 
 impl WatermarkSource {
     /// Uses an established (or lazily connecting) channel to offset-svc.
-    pub fn new(channel: Channel) -> Self {
+    pub fn new(channel: InternalChannel) -> Self {
         WatermarkSource {
             client: OffsetServiceClient::new(channel)
                 .max_decoding_message_size(eventmesh_common::grpc::OFFSETS_MESSAGE_LIMIT),

@@ -22,6 +22,11 @@
 //!   `datacontenttype`;
 //! * an event without an id gets a stable one, `<topic>/<partition>/<offset>`, so consumers
 //!   can de-duplicate redeliveries of foreign records too.
+//!
+//! Tracing: an event whose `traceparent` attribute (the CloudEvents distributed-tracing
+//! extension; a Kafka `traceparent` / `ce_traceparent` header arrives as that attribute) holds
+//! a sampled context gets a `pull <topic>` span, its child, and the context goes to the
+//! dispatcher with the record ([`Ingested::traceparent`]), so no one decodes it again.
 
 use base64::Engine as _;
 use bytes::Bytes;
@@ -30,6 +35,7 @@ use eventmesh_common::frame::{
     ATTR_MQ_OFFSET, ATTR_MQ_PARTITION, ATTR_POP_CK, Frame, FrameLimits, sniff,
 };
 use eventmesh_common::keys::PartitionId;
+use eventmesh_common::trace_context::{EventTrace, Operation, TRACEPARENT};
 
 /// What the MQ body was.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -69,6 +75,9 @@ pub struct Ingested {
     pub frame: Bytes,
     /// Why the body could not become a frame.
     pub malformed_reason: Option<String>,
+    /// The event's sampled trace context (`traceparent` text), empty when it has none or
+    /// span export is off.
+    pub traceparent: String,
 }
 
 /// Classifies, converts and stamps one MQ message body (`headers`: the message's own
@@ -89,7 +98,12 @@ pub fn ingest(
     } else {
         (BodyKind::Opaque, Ok(opaque(&body, headers)))
     };
+    let mut traceparent = String::new();
     let stamped = converted.and_then(|mut frame| {
+        if let Some(trace) = frame.attribute(TRACEPARENT).and_then(EventTrace::parse) {
+            pulled_span(&trace, &frame, origin);
+            traceparent = frame.attribute(TRACEPARENT).unwrap_or_default().to_owned();
+        }
         if frame.attribute("id").is_none_or(str::is_empty) {
             frame.set_attribute(
                 "id",
@@ -109,11 +123,25 @@ pub fn ingest(
             kind,
             frame,
             malformed_reason: None,
+            traceparent,
         },
         Err(reason) => {
             tracing::warn!(partition = %origin.partition, offset = origin.offset, ?kind, %reason, "MQ body cannot be delivered as an event; it will be dead-lettered");
             malformed(body, format!("{kind:?} body: {reason}"))
         }
+    }
+}
+
+/// Records the read of a traced event: a `pull <topic>` span, child of its context.
+fn pulled_span(trace: &EventTrace, frame: &Frame, origin: &Origin<'_>) {
+    let span = trace.span(Operation::PULL, origin.topic.as_str());
+    span.record(
+        "messaging.destination.partition.id",
+        origin.partition.as_str(),
+    );
+    span.record("eventmesh.offset", origin.offset);
+    if let Some(id) = frame.attribute("id") {
+        span.record("messaging.message.id", id);
     }
 }
 
@@ -134,6 +162,7 @@ pub fn malformed(body: Bytes, mut reason: String) -> Ingested {
         kind: BodyKind::MalformedFrame,
         frame,
         malformed_reason: Some(reason),
+        traceparent: String::new(),
     }
 }
 

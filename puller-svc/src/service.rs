@@ -29,12 +29,13 @@ use std::time::Duration;
 use eventmesh_common::grpc;
 use eventmesh_common::keys::{GroupName, PartitionId, Topic};
 use eventmesh_common::status::FieldError;
+use eventmesh_common::trace_context::{Operation, call_child_span};
 use eventmesh_proto::puller::{self as pb, puller_service_server::PullerService};
 use futures::{Stream, StreamExt};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
-use tracing::instrument;
+use tracing::{Instrument as _, instrument};
 
 use crate::alignment::{WatermarkSource, align_reader, describe};
 use crate::crash::{CrashPoint, crash_point};
@@ -204,6 +205,7 @@ fn to_response(batch: PolledBatch) -> pb::PullResponse {
                 key: record.key,
                 timestamp_unix_ms: record.timestamp_ms,
                 malformed_reason: record.ingested.malformed_reason.unwrap_or_default(),
+                traceparent: record.ingested.traceparent,
             })
             .collect(),
         ranges: batch
@@ -404,6 +406,7 @@ impl PullerService for PullerGrpc {
         &self,
         request: Request<pb::PublishRequest>,
     ) -> Result<Response<pb::PublishResponse>, Status> {
+        let span = call_child_span(&request, Operation::APPEND, &request.get_ref().topic);
         let request = request.into_inner();
         let topic = parse_topic("topic", &request.topic)?;
         let partition = parse_partition("partition", &request.partition)?;
@@ -412,8 +415,14 @@ impl PullerService for PullerGrpc {
         let appended = self
             .storage
             .send(&topic, request.key, request.body, partition)
+            .instrument(span.clone())
             .await?;
         crash_point(CrashPoint::AfterPublish);
+        span.record(
+            "messaging.destination.partition.id",
+            appended.partition.as_str(),
+        );
+        span.record("eventmesh.offset", appended.offset);
         Ok(Response::new(pb::PublishResponse {
             partition: appended.partition.to_string(),
             offset: appended.offset,
@@ -425,6 +434,11 @@ impl PullerService for PullerGrpc {
         &self,
         request: Request<pb::PublishBatchRequest>,
     ) -> Result<Response<pb::PublishBatchResponse>, Status> {
+        let span = call_child_span(&request, Operation::APPEND, &request.get_ref().topic);
+        span.record(
+            "messaging.batch.message_count",
+            request.get_ref().records.len() as u64,
+        );
         let request = request.into_inner();
         let topic = parse_topic("topic", &request.topic)?;
         self.storage.check_topic_name(&topic)?;
@@ -454,7 +468,11 @@ impl PullerService for PullerGrpc {
             }
         }
         if !accepted.is_empty() {
-            let results = self.storage.send_batch(&topic, accepted).await?;
+            let results = self
+                .storage
+                .send_batch(&topic, accepted)
+                .instrument(span)
+                .await?;
             crash_point(CrashPoint::AfterPublish);
             for (i, result) in accepted_at.into_iter().zip(results) {
                 outcomes[i] = Some(match result {

@@ -88,7 +88,7 @@ async fn watermarks_from_offset_svc_rewind_each_group() {
     let storage = storage_with_pulled(dir.path(), &[&default, &billing]).await;
     write_watermark(&channel, "orders", "__mqcursor__", "0", 4).await;
     write_watermark(&channel, "orders", "__mqcursor@billing__", "1", 7).await;
-    let source = WatermarkSource::new(channel);
+    let source = WatermarkSource::new(eventmesh_common::grpc::traced(channel));
 
     let outcomes = align_reader(&storage, &source, &default).await.unwrap();
     assert_eq!(
@@ -139,9 +139,13 @@ async fn an_unreachable_offset_svc_moves_nothing() {
     let reader = ReaderKey { group: None, topic };
     let storage = storage_with_pulled(dir.path(), &[&reader]).await;
     let channel = support::unreachable_channel();
-    let err = align_reader(&storage, &WatermarkSource::new(channel), &reader)
-        .await
-        .unwrap_err();
+    let err = align_reader(
+        &storage,
+        &WatermarkSource::new(eventmesh_common::grpc::traced(channel)),
+        &reader,
+    )
+    .await
+    .unwrap_err();
     assert!(matches!(err, AlignError::OffsetService { .. }), "{err}");
     assert!(err.to_string().contains("(default)/orders"), "{err}");
     assert_eq!(

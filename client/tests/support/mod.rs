@@ -4,6 +4,8 @@
 
 #![allow(dead_code)]
 
+pub mod otlp;
+
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};

@@ -43,6 +43,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use eventmesh_common::keys::{ClientId, OffsetClient, OffsetKey, PartitionId};
+use eventmesh_common::trace_context::{Operation, SpanContext};
 use eventmesh_proto::DRAINING_METADATA;
 use eventmesh_proto::client as pb;
 use eventmesh_proto::client::AckOutcome;
@@ -730,6 +731,10 @@ impl Group {
                 delivery.state = DeliveryState::Writing;
                 // The wake-up's clock: commands of one wake-up are handled within microseconds.
                 delivery.acked_at = Some(self.woke_at);
+                if let Some(trace) = &delivery.trace {
+                    delivery.record_hop(Operation::ACK, &self.key, client);
+                    self.settled.link(trace.span_context());
+                }
                 clear_timer(&mut self.timers, delivery, id.seq);
                 self.free_slot(state);
                 self.settle(id.seq);
@@ -871,7 +876,7 @@ impl Group {
     /// Hands what the settled deliveries need durable to the writer as one job.
     fn flush_settled(&mut self) {
         if let Some(job) = self.settled.take() {
-            self.submit(job.tokens, job.entries, job.cursors);
+            self.submit(job.tokens, job.entries, job.cursors, job.links);
         }
     }
 
@@ -880,12 +885,14 @@ impl Group {
         tokens: Vec<u64>,
         entries: Vec<(OffsetKey, i64)>,
         cursors: Vec<(PartitionId, i64)>,
+        links: Vec<SpanContext>,
     ) {
         let group = self.cmd_tx.clone();
         let mirror = self.shared.cluster.clone();
         let key = self.key.clone();
         self.shared.writer.submit(WriteJob {
             entries,
+            links,
             listener: Arc::new(move |notice| {
                 // Durable progress is what the mirror carries to a group's next home; told
                 // here, in the writer, so a group's last flush is mirrored after it ended.
@@ -1030,7 +1037,7 @@ impl Group {
         if !delivery.ack_key.is_empty() {
             self.shared
                 .broker_acks
-                .ack(self.key.reader(), delivery.ack_key);
+                .ack(self.key.reader(), delivery.ack_key, delivery.trace);
         }
     }
 
@@ -1054,7 +1061,12 @@ impl Group {
                 if let Some(total) = lost {
                     entries.push((self.lost_key(&partition), total));
                 }
-                self.submit(Vec::new(), entries, vec![(partition, watermark)]);
+                self.submit(
+                    Vec::new(),
+                    entries,
+                    vec![(partition, watermark)],
+                    Vec::new(),
+                );
             }
         }
     }
@@ -1170,15 +1182,17 @@ mod tests {
     use eventmesh_proto::puller::{PartitionRange, PulledRecord};
 
     /// A channel to a loopback port nothing listens on: every call fails (and is retried).
-    fn nowhere() -> tonic::transport::Channel {
+    fn nowhere() -> eventmesh_common::grpc::InternalChannel {
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .unwrap()
             .local_addr()
             .unwrap()
             .port();
-        tonic::transport::Endpoint::from_shared(format!("http://127.0.0.1:{port}"))
-            .unwrap()
-            .connect_lazy()
+        eventmesh_common::grpc::internal_channel(
+            &format!("http://127.0.0.1:{port}"),
+            Duration::from_secs(5),
+        )
+        .unwrap()
     }
 
     fn batch(offset: i64) -> PullResponse {

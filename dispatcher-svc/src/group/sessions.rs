@@ -15,6 +15,8 @@
 
 use std::time::{Duration, Instant};
 
+use eventmesh_common::trace_context::Operation;
+
 use super::{DeliveryState, Group, Outbound, Retry, SessionSlot, set_timer};
 use crate::crash::{CrashPoint, crash_point};
 
@@ -56,6 +58,7 @@ impl Group {
                 continue;
             };
             let sending = delivery.sending(&self.key.topic);
+            delivery.record_hop(Operation::DELIVER, &self.key, &slot.link.client);
             delivery.state = DeliveryState::Assigned {
                 session: slot.link.id,
             };

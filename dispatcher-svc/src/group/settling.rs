@@ -13,6 +13,7 @@
 use std::collections::HashMap;
 
 use eventmesh_common::keys::{OffsetKey, PartitionId};
+use eventmesh_common::trace_context::{MAX_LINKS, SpanContext};
 
 /// Most deliveries collected before a job is handed over even though commands keep coming.
 pub const MAX_SETTLED_PER_JOB: usize = 1024;
@@ -30,6 +31,8 @@ pub struct SettledWrites {
     cursors: HashMap<PartitionId, i64>,
     /// Commands handled since the first delivery of this job was collected.
     commands_since_first: usize,
+    /// The trace contexts of the traced deliveries among them (the write links to them).
+    links: Vec<SpanContext>,
 }
 
 /// One write job's contents.
@@ -40,6 +43,8 @@ pub struct SettledJob {
     pub entries: Vec<(OffsetKey, i64)>,
     /// Group watermarks written, per partition.
     pub cursors: Vec<(PartitionId, i64)>,
+    /// The traced deliveries' contexts.
+    pub links: Vec<SpanContext>,
 }
 
 impl SettledWrites {
@@ -58,6 +63,14 @@ impl SettledWrites {
         if let Some((partition, watermark)) = cursor {
             let slot = self.cursors.entry(partition).or_insert(watermark);
             *slot = (*slot).max(watermark);
+        }
+    }
+
+    /// Notes the trace context of a traced delivery being settled (at most
+    /// [`MAX_LINKS`] are kept per job).
+    pub fn link(&mut self, trace: &SpanContext) {
+        if self.links.len() < MAX_LINKS {
+            self.links.push(trace.clone());
         }
     }
 
@@ -85,6 +98,7 @@ impl SettledWrites {
             tokens: std::mem::take(&mut self.tokens),
             entries: self.entries.drain().collect(),
             cursors: self.cursors.drain().collect(),
+            links: std::mem::take(&mut self.links),
         })
     }
 }

@@ -5,6 +5,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use eventmesh_common::dead_letter::DeadLetter;
 use eventmesh_common::keys::{ClientId, PartitionId, Topic};
+use eventmesh_common::trace_context::{EventTrace, Operation};
 use eventmesh_proto::client as pb;
 use eventmesh_proto::puller::PulledRecord;
 use smallvec::SmallVec;
@@ -134,6 +135,9 @@ pub struct Delivery {
     pub pulled_at: Instant,
     /// When a client ACKed it: its ACK → DURABLE latency counts from here.
     pub acked_at: Option<Instant>,
+    /// The event's sampled trace context, when it has one and spans are exported: its hops
+    /// here (deliver, ack, offset write, broker ACK) are recorded against it.
+    pub trace: Option<Box<EventTrace>>,
 }
 
 impl Delivery {
@@ -147,6 +151,7 @@ impl Delivery {
         pulled_at: Instant,
     ) -> Self {
         Delivery {
+            trace: EventTrace::parse(&record.traceparent),
             id,
             partition,
             offset: record.offset,
@@ -179,6 +184,23 @@ impl Delivery {
             body: self.body.clone(),
             key: self.key.clone(),
         }
+    }
+
+    /// Records one hop of a traced delivery (`deliver` when sent to `client`, `ack` when it
+    /// ACKed) as a span, child of the event's context; nothing for an untraced one.
+    pub fn record_hop(&self, operation: Operation, group: &GroupKey, client: &ClientId) {
+        let Some(trace) = &self.trace else {
+            return;
+        };
+        let span = trace.span(operation, group.topic.as_str());
+        span.record("messaging.consumer.group.name", group.label().as_str());
+        span.record("messaging.client.id", client.as_str());
+        span.record(
+            "messaging.destination.partition.id",
+            self.partition.as_str(),
+        );
+        span.record("eventmesh.offset", self.offset);
+        span.record("eventmesh.delivery.attempt", self.attempt);
     }
 
     /// Remembers that `client` received it.

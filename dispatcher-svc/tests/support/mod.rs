@@ -114,7 +114,7 @@ pub async fn start_puller_configured(
     offset_addr: SocketAddr,
     configure: impl FnOnce(PullerGrpc) -> PullerGrpc,
 ) -> (puller_svc::server::RunningServer, PullerGrpc) {
-    let watermarks = WatermarkSource::new(lazy(offset_addr));
+    let watermarks = WatermarkSource::new(eventmesh_common::grpc::traced(lazy(offset_addr)));
     let grpc = configure(PullerGrpc::new(Arc::clone(&storage), watermarks));
     let inspect = grpc.clone();
     let server = puller_svc::server::start(

@@ -52,7 +52,10 @@ pub async fn puller_over(
     storage: Arc<dyn Storage>,
     offset_svc: Channel,
 ) -> (RunningServer, PullerServiceClient<Channel>) {
-    let grpc = PullerGrpc::new(Arc::clone(&storage), WatermarkSource::new(offset_svc));
+    let grpc = PullerGrpc::new(
+        Arc::clone(&storage),
+        WatermarkSource::new(eventmesh_common::grpc::traced(offset_svc)),
+    );
     let server = puller_svc::server::start(
         "127.0.0.1:0".parse().unwrap(),
         storage,
