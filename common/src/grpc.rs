@@ -2,9 +2,14 @@
 //!
 //! * [`server_builder`]: TCP_NODELAY, HTTP/2 windows sized for batches of tens of kilobytes
 //!   with several in flight (the 64 KiB defaults stall them on flow control), keepalive pings
-//!   every 10 s with a 5 s timeout.
+//!   every 10 s with a 5 s timeout, and HTTP/2 limits against flooding peers: at most
+//!   [`HTTP2_MAX_CONCURRENT_STREAMS`] streams open per connection (more wait for a free one;
+//!   hyper's default is unbounded), header blocks of at most [`HTTP2_MAX_HEADER_LIST_BYTES`]
+//!   (a larger one is refused before any handler runs; hyper's default is 16 MiB), and
+//!   [`HTTP2_MAX_PENDING_RESETS`] streams reset by the peer before they were served (the
+//!   "rapid reset" flood ends the connection). The layers: [`ServerLayers`].
 //! * [`standard_router`]: grpc.health.v1 and server reflection (v1) for the given descriptor
-//!   sets plus health's own.
+//!   sets plus health's own, with the server's [`CallLimitLayer`].
 //! * [`mark_serving`]: `""`, `readiness`, `liveness` and the service SERVING — call it before
 //!   reporting the server as started.
 //! * [`serve`]: serves on a listener the caller bound (so port 0 can be reported) with TCP_NODELAY set on every
@@ -30,6 +35,7 @@ use tokio_util::sync::CancellationToken;
 use tonic::transport::server::{Router, TcpIncoming};
 use tower::layer::util::{Identity, Stack};
 
+use crate::call_limit::CallLimitLayer;
 use crate::grpc_metrics::GrpcMetricsLayer;
 use crate::trace_context::{TraceContextInjector, TraceContextLayer};
 use tonic::service::interceptor::InterceptedService;
@@ -41,6 +47,13 @@ use tonic_health::server::HealthReporter;
 pub const HTTP2_STREAM_WINDOW: u32 = 4 * 1024 * 1024;
 /// HTTP/2 per-connection flow-control window, bytes.
 pub const HTTP2_CONNECTION_WINDOW: u32 = 16 * 1024 * 1024;
+/// Most HTTP/2 streams one peer may have open on one connection.
+pub const HTTP2_MAX_CONCURRENT_STREAMS: u32 = 4096;
+/// Largest HTTP/2 header block (all metadata of a call) a server accepts, bytes.
+pub const HTTP2_MAX_HEADER_LIST_BYTES: u32 = 16 * 1024;
+/// Streams a peer may open and reset before they are served, at once, before the connection
+/// is ended (CVE-2023-44487, "rapid reset").
+pub const HTTP2_MAX_PENDING_RESETS: usize = 20;
 /// Health service name Kubernetes readiness probes ask for.
 pub const READINESS: &str = "readiness";
 /// Health service name Kubernetes liveness probes ask for.
@@ -117,20 +130,26 @@ pub fn traced(channel: Channel) -> InternalChannel {
     InterceptedService::new(channel, TraceContextInjector)
 }
 
-/// The layers every server runs its services in: gRPC metrics ([`GrpcMetricsLayer`]) inside
-/// the caller's trace context ([`TraceContextLayer`]).
-pub type ServerLayers = Stack<TraceContextLayer, Stack<GrpcMetricsLayer, Identity>>;
+/// The layers every server runs its services in, outermost first: gRPC metrics
+/// ([`GrpcMetricsLayer`]), the caller's trace context ([`TraceContextLayer`]) and the call
+/// limit ([`CallLimitLayer`]) — so a call cut at the limit is counted and traced.
+pub type ServerLayers =
+    Stack<CallLimitLayer, Stack<TraceContextLayer, Stack<GrpcMetricsLayer, Identity>>>;
 
 /// A server builder with the project's transport settings and [`ServerLayers`].
-pub fn server_builder() -> Server<ServerLayers> {
+pub fn server_builder(call_limit: CallLimitLayer) -> Server<ServerLayers> {
     Server::builder()
         .tcp_nodelay(true)
         .initial_stream_window_size(Some(HTTP2_STREAM_WINDOW))
         .initial_connection_window_size(Some(HTTP2_CONNECTION_WINDOW))
         .http2_keepalive_interval(Some(Duration::from_secs(10)))
         .http2_keepalive_timeout(Some(Duration::from_secs(5)))
+        .max_concurrent_streams(HTTP2_MAX_CONCURRENT_STREAMS)
+        .http2_max_header_list_size(HTTP2_MAX_HEADER_LIST_BYTES)
+        .http2_max_pending_accept_reset_streams(Some(HTTP2_MAX_PENDING_RESETS))
         .layer(GrpcMetricsLayer)
         .layer(TraceContextLayer)
+        .layer(call_limit)
 }
 
 /// A reflection descriptor set failed to load.
@@ -141,6 +160,7 @@ pub struct ReflectionError(String);
 /// A router with health and reflection already added, and the health reporter.
 pub fn standard_router(
     descriptor_sets: &[&[u8]],
+    call_limit: CallLimitLayer,
 ) -> Result<(HealthReporter, Router<ServerLayers>), ReflectionError> {
     let (health, health_service) = tonic_health::server::health_reporter();
     let mut reflection = tonic_reflection::server::Builder::configure()
@@ -151,7 +171,7 @@ pub fn standard_router(
     let reflection = reflection
         .build_v1()
         .map_err(|err| ReflectionError(err.to_string()))?;
-    let router = server_builder()
+    let router = server_builder(call_limit)
         .add_service(health_service)
         .add_service(reflection);
     Ok((health, router))

@@ -227,7 +227,8 @@ mod served {
         let exporter = metrics_exporter_prometheus::PrometheusBuilder::new()
             .install_recorder()
             .unwrap();
-        let (health, router) = crate::grpc::standard_router(&[]).unwrap();
+        let (health, router) =
+            crate::grpc::standard_router(&[], crate::call_limit::CallLimitLayer::none()).unwrap();
         crate::grpc::mark_serving(&health, "svc").await;
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();

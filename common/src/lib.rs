@@ -12,6 +12,7 @@
 //! * [`trace_context`] — W3C trace context between processes and with events; messaging spans.
 //! * [`metrics`] — the Prometheus exporter.
 //! * [`grpc`] — the gRPC server settings, health, reflection and ordered drain every service uses.
+//! * [`call_limit`] — the tower layer that answers a call DEADLINE_EXCEEDED at the server's limit.
 //! * [`grpc_metrics`] — the tower layer that counts and times every gRPC call a service serves.
 //! * [`shutdown`] — the signal-driven cancellation token.
 //! * [`alloc`] — the services' global allocator (counting, with feature `count-allocations`).
@@ -19,6 +20,7 @@
 //! Code lands here only when two services really share it.
 
 pub mod alloc;
+pub mod call_limit;
 pub mod config;
 pub mod crash;
 pub mod dead_letter;

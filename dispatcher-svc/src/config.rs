@@ -178,6 +178,10 @@ pub struct DeliverySettings {
     /// Most Publish / PublishBatch calls in progress at once; more are shed at once with
     /// RESOURCE_EXHAUSTED and `grpc-retry-pushback-ms` (the SDK backs off and retries).
     pub max_publishes_in_progress: u32,
+    /// Longest a call on the client port may take before its answer starts — a unary call's
+    /// whole handling, a Subscribe until its `open` is read — before it is answered
+    /// DEADLINE_EXCEEDED (`eventmesh_common::call_limit`), milliseconds.
+    pub call_limit_ms: u64,
 }
 
 impl Default for Config {
@@ -221,6 +225,7 @@ impl Default for DeliverySettings {
             max_sessions_per_client: 256,
             max_streams_per_connection: 1_024,
             max_publishes_in_progress: 4_096,
+            call_limit_ms: 30_000,
         }
     }
 }
@@ -403,6 +408,9 @@ pub struct Args {
     /// Most publish calls in progress before shedding [default: 4096].
     #[arg(long, env = "EM_DISPATCHER_MAX_PUBLISHES_IN_PROGRESS")]
     pub max_publishes_in_progress: Option<u32>,
+    /// Longest time to an answer on the client port, ms [default: 30000].
+    #[arg(long, env = "EM_DISPATCHER_CALL_LIMIT_MS")]
+    pub call_limit_ms: Option<u64>,
     /// Log format [default: text].
     #[arg(long, env = "EM_DISPATCHER_LOG_FORMAT")]
     pub log_format: Option<LogFormat>,
@@ -496,6 +504,13 @@ impl ServiceArgs for Args {
             &mut d.max_publishes_in_progress,
             self.max_publishes_in_progress,
         );
+        apply(&mut d.call_limit_ms, self.call_limit_ms);
+        if d.call_limit_ms == 0 {
+            return Err(ConfigError::Invalid {
+                key: "call_limit_ms",
+                message: "must be at least 1".into(),
+            });
+        }
         for (key, value) in [
             ("max_sessions_per_client", d.max_sessions_per_client),
             ("max_streams_per_connection", d.max_streams_per_connection),

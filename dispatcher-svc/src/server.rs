@@ -16,6 +16,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use eventmesh_common::call_limit::CallLimitLayer;
 use eventmesh_common::grpc;
 use eventmesh_common::grpc::InternalChannel;
 use eventmesh_common::shutdown::CancellationToken;
@@ -166,8 +167,13 @@ pub async fn start(
     if let Some(cluster) = &cluster {
         cluster.spawn(&shared, shutdown.clone());
     }
-    let (health, router) = grpc::standard_router(&[eventmesh_proto::FILE_DESCRIPTOR_SET])
-        .map_err(|err| ServerError::Task(err.to_string()))?;
+    let call_limit = CallLimitLayer::new(
+        Duration::from_millis(config.delivery.call_limit_ms),
+        "call_limit_ms",
+    );
+    let (health, router) =
+        grpc::standard_router(&[eventmesh_proto::FILE_DESCRIPTOR_SET], call_limit)
+            .map_err(|err| ServerError::Task(err.to_string()))?;
     let service = EventMeshGrpc::new(Arc::clone(&shared), advertise.clone(), shutdown.clone());
     let router = router.add_service(
         EventMeshServiceServer::new(service)

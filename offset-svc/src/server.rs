@@ -11,6 +11,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use eventmesh_common::call_limit::CallLimitLayer;
 use eventmesh_common::grpc;
 use eventmesh_common::shutdown::CancellationToken;
 use eventmesh_proto::offset::offset_service_server::OffsetServiceServer;
@@ -71,8 +72,11 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> Result<Runnin
         source,
     })?;
     let store = open_store(&config).await?;
-    let (health, router) = grpc::standard_router(&[eventmesh_proto::FILE_DESCRIPTOR_SET])
-        .map_err(|_| Error::Internal("reflection descriptors do not load"))?;
+    let (health, router) = grpc::standard_router(
+        &[eventmesh_proto::FILE_DESCRIPTOR_SET],
+        CallLimitLayer::none(),
+    )
+    .map_err(|_| Error::Internal("reflection descriptors do not load"))?;
     let service = OffsetServiceServer::new(
         OffsetGrpc::new(Arc::clone(&store)).with_forced_sync(config.sync_writes),
     )

@@ -5,6 +5,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use eventmesh_common::call_limit::CallLimitLayer;
 use eventmesh_common::grpc;
 use eventmesh_common::shutdown::CancellationToken;
 use eventmesh_proto::puller::puller_service_server::PullerServiceServer;
@@ -56,6 +57,7 @@ pub fn spawn_checkpoints(
 ) -> JoinHandle<()> {
     // Exported from the start: an alert on failures (or on the age) needs the series first.
     metrics::counter!("puller_checkpoint_failures_total").increment(0);
+    metrics::counter!("puller_pull_errors_total", "backend" => storage.backend()).increment(0);
     every(interval, shutdown, move || {
         let storage = Arc::clone(&storage);
         async move {
@@ -123,8 +125,11 @@ pub async fn start(
     };
     let listener = TcpListener::bind(listen).await.map_err(bind_error)?;
     let local_addr = listener.local_addr().map_err(bind_error)?;
-    let (health, router) = grpc::standard_router(&[eventmesh_proto::FILE_DESCRIPTOR_SET])
-        .map_err(|err| ServerError::Task(err.to_string()))?;
+    let (health, router) = grpc::standard_router(
+        &[eventmesh_proto::FILE_DESCRIPTOR_SET],
+        CallLimitLayer::none(),
+    )
+    .map_err(|err| ServerError::Task(err.to_string()))?;
     let sweeper = grpc_service.clone();
     let router = router.add_service(
         // The largest request is a publish batch (a single publish carries one frame, a

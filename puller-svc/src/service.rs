@@ -563,7 +563,7 @@ impl PullerService for PullerGrpc {
                 let mut held = slot.lock().await;
                 held.check(&reader, request.generation)?;
                 held.last_used = tokio::time::Instant::now();
-                self.storage.poll(&reader, &selection, limits).await?
+                self.poll_counted(&reader, &selection, limits).await?
             };
             if !batch.records.is_empty() {
                 crash_point(CrashPoint::AfterPull);
@@ -858,6 +858,22 @@ struct StreamReader {
 }
 
 impl PullerGrpc {
+    /// One read from the backend; a failed one counts in `puller_pull_errors_total{backend}`
+    /// (an operator's signal that the MQ is failing reads while the Pull answers UNAVAILABLE).
+    async fn poll_counted(
+        &self,
+        reader: &ReaderKey,
+        selection: &Selection,
+        limits: PollLimits,
+    ) -> Result<PolledBatch, crate::storage::StorageError> {
+        let polled = self.storage.poll(reader, selection, limits).await;
+        if polled.is_err() {
+            metrics::counter!("puller_pull_errors_total", "backend" => self.storage.backend())
+                .increment(1);
+        }
+        polled
+    }
+
     /// One poll of a streamed reader under its lock; positioned partitions continue where the
     /// batch ended.
     async fn stream_poll(
@@ -871,7 +887,7 @@ impl PullerGrpc {
         held.check(reader, open.generation)?;
         held.last_used = tokio::time::Instant::now();
         let selection = Selection::of(None, open.positions.clone());
-        let batch = self.storage.poll(reader, &selection, limits).await?;
+        let batch = self.poll_counted(reader, &selection, limits).await?;
         for range in &batch.ranges {
             if let Some(next) = open.positions.get_mut(&range.partition) {
                 *next = range.next;
