@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The run command: installs what is missing, builds the services and emctl (release), then runs
+# The run command: installs what is missing, builds the services and emctl, then runs
 # `emctl demo` on the embedded local backend: an instance (offset-svc, puller-svc,
 # dispatcher-svc) comes up on loopback, 20,000 events are published and consumed with ACKs under
 # live progress bars, dispatcher-svc is SIGKILLed part-way and restarted, and a counted summary
@@ -12,9 +12,13 @@
 source "$(dirname "$0")/common.sh"
 ensure_build_deps
 cd "$REPO_ROOT"
-log "building (the first build compiles RocksDB: up to 40 minutes on 2 cores for this optimised build)"
-cargo build --locked --release -p offset-svc -p puller-svc -p dispatcher-svc -p eventmesh-client --bins
-BIN="$CARGO_TARGET_DIR/release"
+# The dev profile, as the tests use: the two README commands share one build of RocksDB and
+# every dependency (the first takes about 20 minutes on 2 cores, then the other reuses it). The
+# hot crates (tokio, h2, hyper, tonic, prost, ...) are optimised even there (Cargo.toml), which
+# keeps the demo fast; benchmarks build `--release` themselves.
+log "building (the first build compiles RocksDB: about 20 minutes on 2 cores, shared with scripts/test.sh)"
+cargo build --locked -p offset-svc -p puller-svc -p dispatcher-svc -p eventmesh-client --bins
+BIN="$CARGO_TARGET_DIR/debug"
 DATA_DIR="${EM_DATA_DIR:-$REPO_ROOT/data}"
 mkdir -p "$DATA_DIR"
 
