@@ -152,19 +152,22 @@ impl Client {
         events: Vec<(String, pb::Event)>,
     ) -> Result<Vec<Result<Published, ClientError>>, ClientError> {
         let span = otel::publish_span(topic, events.len());
-        let entries: Vec<pb::PublishEntry> = events
+        let mut entries: Vec<pb::PublishEntry> = events
             .into_iter()
             .map(|(key, mut event)| {
                 if event.id.is_empty() {
                     event.id = new_event_id();
                 }
-                otel::stamp(&span, [&mut event]);
                 pb::PublishEntry {
                     event: Some(event),
                     key,
                 }
             })
             .collect();
+        otel::stamp(
+            &span,
+            entries.iter_mut().filter_map(|entry| entry.event.as_mut()),
+        );
         let mut results: Vec<Option<Result<Published, ClientError>>> =
             entries.iter().map(|_| None).collect();
         let mut unanswered: Vec<usize> = (0..entries.len()).collect();

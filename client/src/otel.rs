@@ -84,11 +84,10 @@ mod traced {
         span: &tracing::Span,
         events: impl IntoIterator<Item = &'a mut pb::Event>,
     ) {
-        if let Some(span_context) = trace_context::sampled(span) {
-            let traceparent = trace_context::traceparent(&span_context);
-            for event in events {
-                event.carry_traceparent(&traceparent);
-            }
+        if let Some(traceparent) = trace_context::sampled_traceparent(span) {
+            events
+                .into_iter()
+                .for_each(|event| event.carry_traceparent(&traceparent));
         }
     }
 

@@ -102,6 +102,12 @@ pub fn sampled(span: &tracing::Span) -> Option<SpanContext> {
     (span_context.is_valid() && span_context.is_sampled()).then_some(span_context)
 }
 
+/// The `traceparent` text of a span when it is sampled: what an event published inside it
+/// should carry when it has no context of its own.
+pub fn sampled_traceparent(span: &tracing::Span) -> Option<String> {
+    sampled(span).map(|span_context| traceparent(&span_context))
+}
+
 /// The sampled trace context an event carries, kept with it while the runtime handles it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct EventTrace(SpanContext);

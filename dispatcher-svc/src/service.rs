@@ -130,12 +130,8 @@ fn prepare_publish(
 /// Gives each event published without a trace context the publish span's (when sampled), so
 /// its later hops join the publish's trace; a producer's own context is never replaced.
 fn stamp_trace<'a>(span: &tracing::Span, events: impl Iterator<Item = &'a mut pb::Event>) {
-    let Some(publish) = trace_context::sampled(span) else {
-        return;
-    };
-    let traceparent = trace_context::traceparent(&publish);
-    for event in events {
-        event.carry_traceparent(&traceparent);
+    if let Some(traceparent) = trace_context::sampled_traceparent(span) {
+        events.for_each(|event| event.carry_traceparent(&traceparent));
     }
 }
 
@@ -328,13 +324,6 @@ impl EventMeshService for EventMeshGrpc {
         );
         let mut request = request.into_inner();
         let topic = Topic::new(request.topic).map_err(|e| FieldError::new("topic", e))?;
-        stamp_trace(
-            &span,
-            request
-                .entries
-                .iter_mut()
-                .filter_map(|entry| entry.event.as_mut()),
-        );
         let max = eventmesh_common::grpc::MAX_PUBLISH_BATCH;
         if request.entries.len() > max {
             return Err(DispatcherError::invalid(
@@ -343,6 +332,13 @@ impl EventMeshService for EventMeshGrpc {
             )
             .into());
         }
+        stamp_trace(
+            &span,
+            request
+                .entries
+                .iter_mut()
+                .filter_map(|entry| entry.event.as_mut()),
+        );
         // Bad events are answered here; the others go to the puller as one batch and their
         // answers are put back in request order.
         let mut outcomes: Vec<Option<pb::PublishOutcome>> = vec![None; request.entries.len()];

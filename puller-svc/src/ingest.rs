@@ -100,9 +100,11 @@ pub fn ingest(
     };
     let mut traceparent = String::new();
     let stamped = converted.and_then(|mut frame| {
-        if let Some(trace) = frame.attribute(TRACEPARENT).and_then(EventTrace::parse) {
+        if let Some(text) = frame.attribute(TRACEPARENT)
+            && let Some(trace) = EventTrace::parse(text)
+        {
+            traceparent = text.to_owned();
             pulled_span(&trace, &frame, origin);
-            traceparent = frame.attribute(TRACEPARENT).unwrap_or_default().to_owned();
         }
         if frame.attribute("id").is_none_or(str::is_empty) {
             frame.set_attribute(
