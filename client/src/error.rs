@@ -66,6 +66,9 @@ impl ClientError {
 
 /// Statuses that say "try again, maybe elsewhere" rather than "this request is wrong".
 pub(crate) fn is_transient_status(status: &tonic::Status) -> bool {
+    if connection_went_away(status) {
+        return true;
+    }
     match status.code() {
         tonic::Code::Unavailable
         | tonic::Code::Unknown
@@ -77,4 +80,21 @@ pub(crate) fn is_transient_status(status: &tonic::Status) -> bool {
         tonic::Code::ResourceExhausted => status.metadata().get("grpc-retry-pushback-ms").is_some(),
         _ => false,
     }
+}
+
+/// Whether the call failed because its HTTP/2 connection ended under it: the server's GOAWAY
+/// (a draining instance sends one, and a call opened just before it arrived was not taken —
+/// RFC 9113 §6.8), or the socket broke. tonic reports these as INTERNAL "h2 protocol error",
+/// a code that otherwise means a bug, so they are told apart by the h2 error in the source
+/// chain; a GOAWAY that asks the client to slow down (ENHANCE_YOUR_CALM) is not included.
+fn connection_went_away(status: &tonic::Status) -> bool {
+    let mut source = std::error::Error::source(status);
+    while let Some(error) = source {
+        if let Some(h2) = error.downcast_ref::<h2::Error>() {
+            return (h2.is_go_away() || h2.is_io())
+                && h2.reason() != Some(h2::Reason::ENHANCE_YOUR_CALM);
+        }
+        source = error.source();
+    }
+    false
 }
