@@ -410,16 +410,10 @@ fn top_frame(instance: &LocalInstance, topic: &str) -> serde_json::Value {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn top_shows_a_groups_rates_lag_in_flight_and_settlements() {
-    use eventmesh_client::{Client, ClientConfig, StartPosition, SubscribeOptions};
-
     let dir = tempfile::tempdir().unwrap();
     let emctl_dir = Path::new(env!("CARGO_BIN_EXE_emctl")).parent().unwrap();
-    let mut config = LocalConfig::new(dir.path());
+    let mut config = metered_config(dir.path());
     config.bin_dir = Some(emctl_dir.to_owned());
-    // Known metrics ports: the dashboard's metrics are checked against the exposition below.
-    for addr in &mut config.metrics_listen {
-        *addr = free_loopback_addr();
-    }
     let instance = LocalInstance::start(config).await.unwrap();
     ok(&emctl(
         &instance,
@@ -430,22 +424,13 @@ async fn top_shows_a_groups_rates_lag_in_flight_and_settlements() {
     let frame = top_frame(&instance, "top");
     assert_eq!(frame["groups"].as_array().unwrap().len(), 0, "{frame}");
 
-    let client = Client::connect(ClientConfig::new("top-client").endpoint(instance.endpoint()))
-        .await
-        .unwrap();
-    let mut subscription = client
-        .subscribe(
-            SubscribeOptions::new("top")
-                .group("watched")
-                .start(StartPosition::Earliest),
-        )
-        .await
-        .unwrap();
+    let mut subscription = subscribe_earliest(&instance, "top-client", "top", "watched").await;
     // 40 delivered: the first 25 ACKed, the last NACKed (retried in a minute: it stays in
     // backoff), 14 held. Each partition's deliveries come in offset order, so the ACKed ones
     // are a prefix of every partition (lag 15) and, once the held ones are ACKed too, only
     // the NACKed one, its partition's last, is left (lag 1).
     let mut held = Vec::new();
+    let mut nacked_partition = None;
     for n in 0..40 {
         let delivery = tokio::time::timeout(Duration::from_secs(20), subscription.next())
             .await
@@ -454,7 +439,10 @@ async fn top_shows_a_groups_rates_lag_in_flight_and_settlements() {
             .unwrap();
         match n {
             0..25 => delivery.ack_and_wait().await.map(|_| ()).unwrap(),
-            39 => delivery.nack(Duration::from_secs(60)),
+            39 => {
+                nacked_partition = Some(delivery.partition.clone());
+                delivery.nack(Duration::from_secs(60))
+            }
             _ => held.push(delivery),
         }
     }
@@ -482,6 +470,28 @@ async fn top_shows_a_groups_rates_lag_in_flight_and_settlements() {
     assert_eq!(group["dead_lettered_total"], 0, "{group}");
     assert!(group["oldest_unacked_ms"].as_u64().unwrap() > 0, "{group}");
 
+    // The same in the exposition, by partition: the lags add up to the group's, and the one
+    // redelivery (the NACK) is counted under its event's partition.
+    let nacked_partition = nacked_partition.unwrap();
+    let dispatcher_metrics = instance.metrics_addr(Service::Dispatcher);
+    let watched = [("topic", "top"), ("group", "watched")];
+    wait_for_metric_sum(
+        dispatcher_metrics,
+        "dispatcher_consumer_lag_records",
+        &watched,
+        15.0,
+    );
+    let redeliveries = series(
+        &scrape(dispatcher_metrics),
+        "dispatcher_redeliveries_total",
+        &watched,
+    );
+    assert_eq!(
+        redeliveries,
+        vec![(nacked_partition.clone(), 1.0)],
+        "one redelivery, under the NACKed event's partition"
+    );
+
     // Two frames: the second has rates (14 more ACKs land between them).
     let top = std::process::Command::new(env!("CARGO_BIN_EXE_emctl"))
         .args(["top", "--topic", "top", "--json", "--count", "2"])
@@ -508,6 +518,16 @@ async fn top_shows_a_groups_rates_lag_in_flight_and_settlements() {
     assert_eq!(second["acked_total"], 39, "{out}");
     assert_eq!(second["lag"], 1, "{out}");
     assert_eq!(second["in_flight"], 0, "{out}");
+    let lags = wait_for_metric_sum(
+        dispatcher_metrics,
+        "dispatcher_consumer_lag_records",
+        &watched,
+        1.0,
+    );
+    assert!(
+        lags.contains(&(nacked_partition, 1.0)),
+        "the lag left is the NACKed event's partition: {lags:?}"
+    );
 
     // The table, once.
     let table = ok(&emctl(&instance, &["top", "--count", "1"], ""));
@@ -543,6 +563,161 @@ async fn top_shows_a_groups_rates_lag_in_flight_and_settlements() {
     drop(subscription);
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_record_failing_its_crc_holds_its_partition_counts_pull_errors_and_flows_once_repaired() {
+    let dir = tempfile::tempdir().unwrap();
+    let instance = LocalInstance::start(metered_config(dir.path()))
+        .await
+        .unwrap();
+    ok(&emctl(
+        &instance,
+        &["publish", "--topic", "damaged", "--count", "20"],
+        "",
+    ));
+    // Damage the last record of one partition's segment: its CRC no longer matches.
+    let segment = segments(&instance.data_dir().join("puller"))
+        .into_iter()
+        .find(|path| {
+            path.components().any(|c| c.as_os_str() == "damaged")
+                && std::fs::metadata(path).unwrap().len() > 0
+        })
+        .expect("a segment of the topic with records");
+    let partition = segment
+        .parent()
+        .unwrap()
+        .file_name()
+        .unwrap()
+        .to_string_lossy()
+        .into_owned();
+    let flip_last_byte = || {
+        let mut bytes = std::fs::read(&segment).unwrap();
+        let last = bytes.len() - 1;
+        bytes[last] ^= 0xFF;
+        std::fs::write(&segment, &bytes).unwrap();
+    };
+    flip_last_byte();
+
+    let mut subscription = subscribe_earliest(&instance, "damage-reader", "damaged", "g").await;
+    let delivered = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let reader = tokio::spawn({
+        let delivered = delivered.clone();
+        async move {
+            while let Some(Ok(delivery)) = subscription.next().await {
+                delivered.lock().unwrap().push(delivery.event.id.clone());
+                delivery.ack();
+            }
+        }
+    });
+    // The puller counts the failing reads; the damaged partition is held, not skipped: its
+    // lag stays while the other partitions are delivered.
+    let puller_metrics = instance.metrics_addr(Service::Puller);
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while pull_errors(&scrape(puller_metrics)) < 1.0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "puller_pull_errors_total never rose"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // Every other partition is delivered meanwhile: what is missing is the damaged
+    // partition's lag.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let held = series(
+            &scrape(instance.metrics_addr(Service::Dispatcher)),
+            "dispatcher_consumer_lag_records",
+            &[
+                ("topic", "damaged"),
+                ("group", "g"),
+                ("partition", &partition),
+            ],
+        );
+        let count = delivered.lock().unwrap().len();
+        if let [(_, lag)] = held.as_slice()
+            && *lag >= 1.0
+            && count as f64 == 20.0 - lag
+        {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "partition {partition} should be held (lag {held:?}) and the rest delivered ({count})"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
+    // Repaired (the byte restored), the partition flows: all 20, each once.
+    flip_last_byte();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while delivered.lock().unwrap().len() < 20 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "only {} of 20 delivered after the repair",
+            delivered.lock().unwrap().len()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let ids: std::collections::HashSet<String> =
+        delivered.lock().unwrap().iter().cloned().collect();
+    assert_eq!(ids.len(), 20, "{:?}", delivered.lock().unwrap());
+    assert_eq!(delivered.lock().unwrap().len(), 20, "nothing twice");
+    reader.abort();
+}
+
+/// An instance in `dir` whose metrics are scraped: known metrics ports, and lag gauges
+/// measured every 300 ms (so a test need not wait the default 5 s).
+fn metered_config(dir: &Path) -> LocalConfig {
+    let mut config = LocalConfig::new(dir).args(Service::Dispatcher, ["--lag-interval-ms", "300"]);
+    for addr in &mut config.metrics_listen {
+        *addr = free_loopback_addr();
+    }
+    config
+}
+
+/// A subscription of `group` on `topic` from the earliest record, as `client_id`.
+async fn subscribe_earliest(
+    instance: &LocalInstance,
+    client_id: &str,
+    topic: &str,
+    group: &str,
+) -> eventmesh_client::Subscription {
+    use eventmesh_client::{Client, ClientConfig, StartPosition, SubscribeOptions};
+    let client = Client::connect(ClientConfig::new(client_id).endpoint(instance.endpoint()))
+        .await
+        .unwrap();
+    client
+        .subscribe(
+            SubscribeOptions::new(topic)
+                .group(group)
+                .start(StartPosition::Earliest),
+        )
+        .await
+        .unwrap()
+}
+
+/// `puller_pull_errors_total{backend="local"}` in an exposition (0 when absent).
+fn pull_errors(exposition: &str) -> f64 {
+    exposition
+        .lines()
+        .find_map(|line| line.strip_prefix("puller_pull_errors_total{backend=\"local\"} "))
+        .map_or(0.0, |value| value.trim().parse().unwrap())
+}
+
+/// Every `*.log` file under `dir`.
+fn segments(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            found.extend(segments(&path));
+        } else if path.extension().is_some_and(|e| e == "log") {
+            found.push(path);
+        }
+    }
+    found.sort();
+    found
+}
+
 fn free_loopback_addr() -> std::net::SocketAddr {
     std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
@@ -551,6 +726,53 @@ fn free_loopback_addr() -> std::net::SocketAddr {
 }
 
 /// `GET /metrics` over HTTP/1.0; the body.
+/// The `partition` label and value of every `name` series whose labels include `labels`.
+fn series(exposition: &str, name: &str, labels: &[(&str, &str)]) -> Vec<(String, f64)> {
+    let mut found: Vec<(String, f64)> = exposition
+        .lines()
+        .filter_map(|line| {
+            let rest = line.strip_prefix(name)?.strip_prefix('{')?;
+            let (label_text, value) = rest.split_once("} ")?;
+            let mut partition = String::new();
+            let mut matched = 0;
+            for pair in label_text.split(',') {
+                let (key, quoted) = pair.split_once('=')?;
+                let text = quoted.trim_matches('"');
+                if key == "partition" {
+                    partition = text.to_owned();
+                }
+                matched += usize::from(labels.contains(&(key, text)));
+            }
+            let value: f64 = value.trim().parse().ok()?;
+            (matched == labels.len()).then_some((partition, value))
+        })
+        .collect();
+    found.sort_by(|a, b| a.0.cmp(&b.0));
+    found
+}
+
+/// Scrapes until the `name` series matching `labels` add up to `sum` (20 s at most); the
+/// series seen.
+fn wait_for_metric_sum(
+    addr: std::net::SocketAddr,
+    name: &str,
+    labels: &[(&str, &str)],
+    sum: f64,
+) -> Vec<(String, f64)> {
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let found = series(&scrape(addr), name, labels);
+        if !found.is_empty() && found.iter().map(|(_, v)| v).sum::<f64>() == sum {
+            return found;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{name}{labels:?} never added up to {sum}: {found:?}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
 fn scrape(addr: std::net::SocketAddr) -> String {
     use std::io::Read;
     let mut stream = std::net::TcpStream::connect(addr).unwrap();

@@ -33,6 +33,9 @@ pub struct Config {
     /// Deadline of every call to puller-svc and offset-svc, milliseconds (a frozen neighbour
     /// also fails calls through HTTP/2 keepalive within about 3 s).
     pub dependency_timeout_ms: u64,
+    /// How often the consumer-lag gauges are measured (one EndOffsets per topic with live
+    /// groups, see `lag.rs`), milliseconds; 0: no lag gauges.
+    pub lag_interval_ms: u64,
     /// Delivery behaviour (the `[delivery]` table of the file).
     pub delivery: DeliverySettings,
     /// Several instances coordinated through etcd (the `[cluster]` table of the file).
@@ -196,6 +199,7 @@ impl Default for Config {
             log_format: LogFormat::Text,
             shutdown_timeout_secs: 10,
             dependency_timeout_ms: 5_000,
+            lag_interval_ms: 5_000,
             delivery: DeliverySettings::default(),
             cluster: ClusterSettings::default(),
         }
@@ -420,6 +424,9 @@ pub struct Args {
     /// Deadline of calls to puller-svc and offset-svc, ms [default: 5000].
     #[arg(long, env = "EM_DISPATCHER_DEPENDENCY_TIMEOUT_MS")]
     pub dependency_timeout_ms: Option<u64>,
+    /// Consumer-lag gauge interval, ms; 0: none [default: 5000].
+    #[arg(long, env = "EM_DISPATCHER_LAG_INTERVAL_MS")]
+    pub lag_interval_ms: Option<u64>,
     /// etcd client URLs, comma-separated [default: none, a single instance].
     #[arg(long, env = "EM_DISPATCHER_ETCD_ENDPOINTS", value_delimiter = ',')]
     pub etcd_endpoints: Option<Vec<String>>,
@@ -466,6 +473,7 @@ impl ServiceArgs for Args {
             &mut config.dependency_timeout_ms,
             self.dependency_timeout_ms,
         );
+        apply(&mut config.lag_interval_ms, self.lag_interval_ms);
         if config.dependency_timeout_ms <= u64::from(crate::pulling::PULL_WAIT_MS) {
             return Err(ConfigError::Invalid {
                 key: "dependency_timeout_ms",

@@ -35,6 +35,7 @@ pub mod delivery_id;
 pub mod error;
 pub mod event;
 pub mod group;
+pub mod lag;
 pub mod limits;
 pub mod offset_writer;
 pub mod pulling;

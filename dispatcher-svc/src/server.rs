@@ -167,6 +167,11 @@ pub async fn start(
     if let Some(cluster) = &cluster {
         cluster.spawn(&shared, shutdown.clone());
     }
+    crate::lag::spawn(
+        Arc::clone(&shared),
+        Duration::from_millis(config.lag_interval_ms),
+        shutdown.clone(),
+    );
     let call_limit = CallLimitLayer::new(
         Duration::from_millis(config.delivery.call_limit_ms),
         "call_limit_ms",

@@ -858,8 +858,10 @@ struct StreamReader {
 }
 
 impl PullerGrpc {
-    /// One read from the backend; a failed one counts in `puller_pull_errors_total{backend}`
-    /// (an operator's signal that the MQ is failing reads while the Pull answers UNAVAILABLE).
+    /// One read from the backend; a failed one, and each partition that failed in a batch
+    /// the others filled, counts in `puller_pull_errors_total{backend}` (an operator's signal
+    /// that the MQ is failing reads while the Pull answers an error or leaves a partition
+    /// behind).
     async fn poll_counted(
         &self,
         reader: &ReaderKey,
@@ -867,9 +869,13 @@ impl PullerGrpc {
         limits: PollLimits,
     ) -> Result<PolledBatch, crate::storage::StorageError> {
         let polled = self.storage.poll(reader, selection, limits).await;
-        if polled.is_err() {
+        let errors = match &polled {
+            Ok(batch) => u64::from(batch.failed_partitions),
+            Err(_) => 1,
+        };
+        if errors > 0 {
             metrics::counter!("puller_pull_errors_total", "backend" => self.storage.backend())
-                .increment(1);
+                .increment(errors);
         }
         polled
     }

@@ -128,6 +128,57 @@ async fn polled_records_are_stamped_and_ranges_reported() {
     );
 }
 
+/// Flips the last byte of partition `partition`'s segment of `topic` under `dir` (its last
+/// record's CRC no longer matches; flipping again repairs it).
+fn flip_last_byte(dir: &std::path::Path, topic: &str, partition: u32) {
+    let partition_dir = dir
+        .join("local-log")
+        .join(topic)
+        .join(partition.to_string());
+    let segment = std::fs::read_dir(&partition_dir)
+        .unwrap()
+        .map(|entry| entry.unwrap().path())
+        .find(|path| path.extension().is_some_and(|e| e == "log"))
+        .unwrap();
+    let mut bytes = std::fs::read(&segment).unwrap();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 0xFF;
+    std::fs::write(&segment, &bytes).unwrap();
+}
+
+#[tokio::test]
+async fn a_damaged_partition_is_held_while_the_others_are_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let storage = open(dir.path());
+    let topic = Topic::new("damaged").unwrap();
+    storage.create_topic(&topic, 2).await.unwrap();
+    for i in 0..4 {
+        let partition = Some(PartitionId::number(i % 2));
+        let body = event(&format!("e{i}"));
+        storage
+            .send(&topic, Bytes::new(), body, partition)
+            .await
+            .unwrap();
+    }
+    let group = reader(Some("g"), &topic);
+
+    // Partition 0 (read first) fails its CRC: partition 1 is still read, 0 is left behind.
+    flip_last_byte(dir.path(), "damaged", 0);
+    let poll_all = || storage.poll(&group, &Selection::All, limits(100));
+    let batch = poll_all().await.unwrap();
+    assert_eq!(ids(&batch), ["e1", "e3"]);
+    assert_eq!(batch.failed_partitions, 1);
+    // Only the damaged partition is left: the poll fails and says why.
+    let err = poll_all().await.unwrap_err();
+    assert!(err.to_string().contains("CRC"), "{err}");
+
+    // Repaired, partition 0 is read from where it stood: nothing skipped.
+    flip_last_byte(dir.path(), "damaged", 0);
+    let batch = poll_all().await.unwrap();
+    assert_eq!(ids(&batch), ["e0", "e2"]);
+    assert_eq!(batch.failed_partitions, 0);
+}
+
 #[tokio::test]
 async fn groups_read_independently_and_resume_after_restart() {
     let dir = tempfile::tempdir().unwrap();

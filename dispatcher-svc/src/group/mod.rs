@@ -781,7 +781,7 @@ impl Group {
             return;
         }
         delivery.attempt += 1;
-        self.tallies.redelivered.add();
+        self.tallies.redelivered.add(&delivery.partition);
         match when {
             Retry::Now => {
                 delivery.state = DeliveryState::Ready;

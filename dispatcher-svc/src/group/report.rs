@@ -2,7 +2,9 @@
 //!
 //! * Counters, labeled `topic` and `group` (the group label bounded by
 //!   `eventmesh_common::metrics::group_label`): deliveries, ACKs, NACKs, redeliveries, ACK
-//!   timeouts and dead letters, counted as they happen.
+//!   timeouts and dead letters, counted as they happen. Redeliveries also carry `partition`
+//!   ([`PartitionTally`]): they point at a poison or slow partition, and a partition gets its
+//!   series only once it has had one, so the label costs nothing where nothing goes wrong.
 //! * Every flush interval (and when the group ends) a [`GroupReport`] snapshot — sessions,
 //!   where its deliveries are, the age of its oldest un-ACKed delivery, its counters and each
 //!   partition's durable watermark — published on a watch channel that `DescribeGroups` (and so
@@ -10,6 +12,7 @@
 //!   read: a reader never waits for the actor.
 //! * The ACK → DURABLE latency histogram ([`AckLatency`]), bucketed in the actor.
 
+use std::collections::HashMap;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use eventmesh_common::keys::PartitionId;
@@ -48,6 +51,49 @@ impl Tally {
     }
 }
 
+/// A counter of the group per partition (the Prometheus counter gets a `partition` label); a
+/// partition's series starts at its first count.
+pub(crate) struct PartitionTally {
+    name: &'static str,
+    labels: Vec<Label>,
+    by_partition: HashMap<PartitionId, Tally>,
+    total: u64,
+}
+
+impl PartitionTally {
+    fn new(name: &'static str, labels: &[Label]) -> Self {
+        PartitionTally {
+            name,
+            labels: labels.to_vec(),
+            by_partition: HashMap::new(),
+            total: 0,
+        }
+    }
+
+    /// Counts one for `partition`.
+    pub(crate) fn add(&mut self, partition: &PartitionId) {
+        self.total += 1;
+        if let Some(tally) = self.by_partition.get_mut(partition) {
+            tally.add();
+            return;
+        }
+        let mut labels = self.labels.clone();
+        labels.push(Label::new("partition", partition.to_string()));
+        let mut tally = Tally::new(self.name, &labels);
+        tally.add();
+        self.by_partition.insert(partition.clone(), tally);
+    }
+
+    /// The count over all partitions.
+    pub(crate) fn total(&self) -> u64 {
+        self.total
+    }
+
+    fn export(&mut self) {
+        self.by_partition.values_mut().for_each(Tally::export);
+    }
+}
+
 /// The group's counters.
 pub(crate) struct Tallies {
     /// `dispatcher_deliveries_total`: deliveries written to sessions, retries included.
@@ -56,8 +102,9 @@ pub(crate) struct Tallies {
     pub acked: Tally,
     /// `dispatcher_nacks_total`: NACKs accepted.
     pub nacked: Tally,
-    /// `dispatcher_redeliveries_total`: retries scheduled (NACK, timeout, lost session).
-    pub redelivered: Tally,
+    /// `dispatcher_redeliveries_total{partition}`: retries scheduled (NACK, timeout, lost
+    /// session).
+    pub redelivered: PartitionTally,
     /// `dispatcher_ack_timeouts_total`: ACK deadlines that passed.
     pub timed_out: Tally,
     /// `dispatcher_dead_letters_total`: events settled by a durable dead-letter copy.
@@ -71,12 +118,12 @@ impl Tallies {
             &mut self.delivered,
             &mut self.acked,
             &mut self.nacked,
-            &mut self.redelivered,
             &mut self.timed_out,
             &mut self.dead_lettered,
         ] {
             tally.export();
         }
+        self.redelivered.export();
     }
 
     pub(crate) fn new(labels: &[Label]) -> Self {
@@ -84,7 +131,7 @@ impl Tallies {
             delivered: Tally::new("dispatcher_deliveries_total", labels),
             acked: Tally::new("dispatcher_acks_total", labels),
             nacked: Tally::new("dispatcher_nacks_total", labels),
-            redelivered: Tally::new("dispatcher_redeliveries_total", labels),
+            redelivered: PartitionTally::new("dispatcher_redeliveries_total", labels),
             timed_out: Tally::new("dispatcher_ack_timeouts_total", labels),
             dead_lettered: Tally::new("dispatcher_dead_letters_total", labels),
         }
@@ -253,7 +300,7 @@ pub(crate) fn build(
         delivered_total: tallies.delivered.total,
         acked_total: tallies.acked.total,
         nacked_total: tallies.nacked.total,
-        redelivered_total: tallies.redelivered.total,
+        redelivered_total: tallies.redelivered.total(),
         timed_out_total: tallies.timed_out.total,
         dead_lettered_total: tallies.dead_lettered.total,
         partitions,
@@ -294,7 +341,10 @@ mod tests {
         tallies.delivered.add();
         tallies.acked.add();
         tallies.nacked.add();
-        tallies.redelivered.add();
+        let p = |text: &str| PartitionId::new(text).unwrap();
+        tallies.redelivered.add(&p("1"));
+        tallies.redelivered.add(&p("1"));
+        tallies.redelivered.add(&p("0"));
         tallies.dead_lettered.add();
         let now = Instant::now();
         let counts = DeliveryCounts {
@@ -304,7 +354,6 @@ mod tests {
             settling: 4,
             oldest_unacked: now.checked_sub(Duration::from_millis(1500)),
         };
-        let p = |text: &str| PartitionId::new(text).unwrap();
         let report = build(2, counts, &tallies, vec![(p("1"), 9), (p("0"), -1)], now);
         assert_eq!(report.sessions, 2);
         assert_eq!(report.counts, counts);
@@ -318,8 +367,10 @@ mod tests {
                 report.timed_out_total,
                 report.dead_lettered_total
             ),
-            (2, 1, 1, 1, 0, 1)
+            (2, 1, 1, 3, 0, 1)
         );
+        let by_partition = |n: &str| tallies.redelivered.by_partition[&p(n)].total;
+        assert_eq!((by_partition("0"), by_partition("1")), (1, 2));
         assert_eq!(report.partitions, vec![(p("0"), -1), (p("1"), 9)]);
         assert!(report.reported_unix_ms > 0);
 

@@ -180,6 +180,7 @@ impl Inner {
             let pending = plans.iter().filter(|plan| plan.from < plan.range.end).count();
             let share = limits.max_records.div_ceil(pending.max(1)).max(1);
             let mut bytes = 0usize;
+            let mut first_error = None;
             for plan in &mut plans {
                 let remaining = limits.max_records.saturating_sub(batch.records.len());
                 let full = remaining == 0 || (bytes >= limits.max_bytes && !batch.records.is_empty());
@@ -192,11 +193,13 @@ impl Inner {
                         bytes += records.iter().map(|r| r.body.len() + r.key.len()).sum::<usize>();
                         plan.records = records;
                     }
-                    Err(err) if batch.records.is_empty() => return Err(err.into()),
                     Err(err) => {
-                        // Keep what was read; the failed partition is read again next time.
-                        tracing::warn!(topic = %reader.topic, partition = %plan.range.partition, error = %err, "partition read failed; returning the partial batch");
+                        // The other partitions are still read (one damaged partition must not
+                        // hold the topic); this one is read again from its cursor next time.
+                        tracing::warn!(topic = %reader.topic, partition = %plan.range.partition, error = %err, "partition read failed; the others are read");
                         plan.failed = true;
+                        batch.failed_partitions += 1;
+                        first_error.get_or_insert(err);
                     }
                 }
                 for record in &plan.records {
@@ -215,6 +218,10 @@ impl Inner {
                         ingested: ingest(record.body.clone(), &[], &origin, &self.limits),
                     });
                 }
+            }
+            // Nothing read and something failed: the poll fails (and says why).
+            if let Some(err) = first_error.filter(|_| batch.records.is_empty()) {
+                return Err(err.into());
             }
             // Only now: every range below goes back to the caller with its records.
             for plan in plans {

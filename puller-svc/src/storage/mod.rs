@@ -118,6 +118,10 @@ pub struct PolledBatch {
     pub unpositioned: Vec<PartitionRange>,
     /// Partitions whose position is past the end of their log (not read).
     pub past_end: Vec<PastEnd>,
+    /// Partitions whose read failed while others succeeded: the batch carries the others,
+    /// these are read again from the same cursor next time (a read that fails for every
+    /// partition fails the poll instead). Each counts in `puller_pull_errors_total`.
+    pub failed_partitions: u32,
 }
 
 impl PolledBatch {
