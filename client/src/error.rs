@@ -82,17 +82,16 @@ pub(crate) fn is_transient_status(status: &tonic::Status) -> bool {
     }
 }
 
-/// Whether the call failed because its HTTP/2 connection ended under it: the server's GOAWAY
-/// (a draining instance sends one, and a call opened just before it arrived was not taken —
-/// RFC 9113 §6.8), or the socket broke. tonic reports these as INTERNAL "h2 protocol error",
-/// a code that otherwise means a bug, so they are told apart by the h2 error in the source
-/// chain; a GOAWAY that asks the client to slow down (ENHANCE_YOUR_CALM) is not included.
+/// Whether the server refused the call with a graceful HTTP/2 GOAWAY: a draining instance
+/// sends GOAWAY (NO_ERROR), and a call the client opened just before it arrived was not taken
+/// (RFC 9113 §6.8), so it is safe to send again. tonic reports this as INTERNAL "h2 protocol
+/// error", a code that otherwise means a bug, so it is told apart by the h2 error in the
+/// status's source chain. A GOAWAY with an error code, or one the client sent, is not included.
 fn connection_went_away(status: &tonic::Status) -> bool {
     let mut source = std::error::Error::source(status);
     while let Some(error) = source {
         if let Some(h2) = error.downcast_ref::<h2::Error>() {
-            return (h2.is_go_away() || h2.is_io())
-                && h2.reason() != Some(h2::Reason::ENHANCE_YOUR_CALM);
+            return h2.is_go_away() && h2.is_remote() && h2.reason() == Some(h2::Reason::NO_ERROR);
         }
         source = error.source();
     }

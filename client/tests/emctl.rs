@@ -480,17 +480,30 @@ async fn top_shows_a_groups_rates_lag_in_flight_and_settlements() {
         "dispatcher_consumer_lag_records",
         &watched,
         15.0,
-    );
-    let redeliveries = series(
-        &scrape(dispatcher_metrics),
-        "dispatcher_redeliveries_total",
-        &watched,
-    );
-    assert_eq!(
-        redeliveries,
-        vec![(nacked_partition.clone(), 1.0)],
-        "one redelivery, under the NACKed event's partition"
-    );
+    )
+    .await;
+    // Every partition the group reads has its series (from 0); the NACKed one counts 1.
+    let exposition = scrape(dispatcher_metrics);
+    let lag_partitions: Vec<String> =
+        series(&exposition, "dispatcher_consumer_lag_records", &watched)
+            .into_iter()
+            .map(|(partition, _)| partition)
+            .collect();
+    for counter in ["dispatcher_redeliveries_total", "dispatcher_nacks_total"] {
+        let counted = series(&exposition, counter, &watched);
+        let partitions: Vec<&String> = counted.iter().map(|(partition, _)| partition).collect();
+        assert_eq!(
+            partitions.len(),
+            lag_partitions.len(),
+            "{counter}: {counted:?}"
+        );
+        let nonzero: Vec<&(String, f64)> = counted.iter().filter(|(_, n)| *n > 0.0).collect();
+        assert_eq!(
+            nonzero,
+            vec![&(nacked_partition.clone(), 1.0)],
+            "{counter}: one, under the NACKed event's partition"
+        );
+    }
 
     // Two frames: the second has rates (14 more ACKs land between them).
     let top = std::process::Command::new(env!("CARGO_BIN_EXE_emctl"))
@@ -523,7 +536,8 @@ async fn top_shows_a_groups_rates_lag_in_flight_and_settlements() {
         "dispatcher_consumer_lag_records",
         &watched,
         1.0,
-    );
+    )
+    .await;
     assert!(
         lags.contains(&(nacked_partition, 1.0)),
         "the lag left is the NACKed event's partition: {lags:?}"
@@ -725,7 +739,6 @@ fn free_loopback_addr() -> std::net::SocketAddr {
         .unwrap()
 }
 
-/// `GET /metrics` over HTTP/1.0; the body.
 /// The `partition` label and value of every `name` series whose labels include `labels`.
 fn series(exposition: &str, name: &str, labels: &[(&str, &str)]) -> Vec<(String, f64)> {
     let mut found: Vec<(String, f64)> = exposition
@@ -753,7 +766,7 @@ fn series(exposition: &str, name: &str, labels: &[(&str, &str)]) -> Vec<(String,
 
 /// Scrapes until the `name` series matching `labels` add up to `sum` (20 s at most); the
 /// series seen.
-fn wait_for_metric_sum(
+async fn wait_for_metric_sum(
     addr: std::net::SocketAddr,
     name: &str,
     labels: &[(&str, &str)],
@@ -761,7 +774,7 @@ fn wait_for_metric_sum(
 ) -> Vec<(String, f64)> {
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
     loop {
-        let found = series(&scrape(addr), name, labels);
+        let found = series(&tokio::task::block_in_place(|| scrape(addr)), name, labels);
         if !found.is_empty() && found.iter().map(|(_, v)| v).sum::<f64>() == sum {
             return found;
         }
@@ -769,10 +782,11 @@ fn wait_for_metric_sum(
             std::time::Instant::now() < deadline,
             "{name}{labels:?} never added up to {sum}: {found:?}"
         );
-        std::thread::sleep(Duration::from_millis(200));
+        tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
 
+/// `GET /metrics` over HTTP/1.0; the body.
 fn scrape(addr: std::net::SocketAddr) -> String {
     use std::io::Read;
     let mut stream = std::net::TcpStream::connect(addr).unwrap();

@@ -11,22 +11,26 @@
 //! * A partition the group has no watermark for yet counts whole; a watermark past the end
 //!   (records removed) counts 0.
 //! * A topic whose ranges cannot be read keeps its last values (a lag that cannot be measured
-//!   is not "no lag"); the failure is logged at WARN once until a read succeeds again.
-//! * Groups beyond the group-label bound share the label `(other)`: their lags add up.
-//! * The gauges of a group that ended are no longer set and leave the exposition after
-//!   [`eventmesh_common::metrics::IDLE_TIMEOUT`], like the group's other gauges.
+//!   is not "no lag"); the failure is logged at WARN once until a read succeeds again. Kept
+//!   values not updated for [`eventmesh_common::metrics::IDLE_TIMEOUT`] leave the exposition.
+//! * Groups beyond the group-label bound share the label `(other)`: their lags add up. The
+//!   label is the one the group's actor uses for its other metrics.
+//! * A group that ended here (closed, or moved to another instance) is set to 0 once — this
+//!   instance no longer holds any of its lag, its new home reports it, so a `sum` over
+//!   instances stays right — and then left to leave the exposition after the idle timeout.
+//! * A group that has not reported yet is left out until its first report.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
 use eventmesh_common::keys::{PartitionId, Topic};
-use eventmesh_common::metrics::{KeptGauge, group_label};
+use eventmesh_common::metrics::KeptGauge;
 use eventmesh_common::shutdown::CancellationToken;
 use eventmesh_proto::puller::EndOffsetsRequest;
 use metrics::Label;
 
-use crate::registry::{GroupKey, Shared};
+use crate::registry::Shared;
 
 /// A partition's retained range `[start, end)`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -93,13 +97,14 @@ async fn measure(
     gauges: &mut HashMap<SeriesKey, KeptGauge>,
     failing: &mut HashSet<Topic>,
 ) {
-    let mut by_topic: HashMap<Topic, Vec<(GroupKey, Watermarks)>> = HashMap::new();
-    for (key, report) in shared.group_reports() {
+    let mut by_topic: HashMap<Topic, Vec<(Arc<str>, Watermarks)>> = HashMap::new();
+    for (key, label, report) in shared.labeled_group_reports() {
         by_topic
-            .entry(key.topic.clone())
+            .entry(key.topic)
             .or_default()
-            .push((key, report.partitions));
+            .push((label, report.partitions));
     }
+    failing.retain(|topic| by_topic.contains_key(topic));
     let mut values: HashMap<SeriesKey, i64> = HashMap::new();
     let mut kept: HashSet<SeriesKey> = HashSet::new();
     for (topic, groups) in by_topic {
@@ -114,21 +119,27 @@ async fn measure(
                 if failing.insert(topic.clone()) {
                     tracing::warn!(%topic, error = %status.message(), "cannot read the topic's ranges for consumer lag; keeping the last values");
                 }
-                let prefix = topic.to_string();
-                kept.extend(gauges.keys().filter(|key| key.0 == prefix).cloned());
+                let name = topic.to_string();
+                kept.extend(gauges.keys().filter(|key| key.0 == name).cloned());
                 continue;
             }
         };
-        for (key, watermarks) in groups {
-            let group = group_label(&key.label());
+        for (label, watermarks) in groups {
             for (partition, lag) in group_lag(&ranges, &watermarks) {
                 *values
-                    .entry((topic.to_string(), group.clone(), partition.to_string()))
+                    .entry((topic.to_string(), label.to_string(), partition.to_string()))
                     .or_default() += lag;
             }
         }
     }
-    gauges.retain(|key, _| values.contains_key(key) || kept.contains(key));
+    // Series of groups no longer here: 0 once (see the module doc), then forgotten.
+    gauges.retain(|key, gauge| {
+        let live = values.contains_key(key) || kept.contains(key);
+        if !live {
+            gauge.set(0.0);
+        }
+        live
+    });
     for (key, value) in values {
         gauges
             .entry(key.clone())

@@ -50,6 +50,9 @@ pub struct WriteJob {
     pub entries: Vec<(OffsetKey, i64)>,
     /// The trace contexts of the traced deliveries this job settles.
     pub links: Vec<SpanContext>,
+    /// How many deliveries this job settles, traced or not (the write span's
+    /// `messaging.batch.message_count`).
+    pub settles: usize,
     /// Who is told.
     pub listener: Listener,
 }
@@ -112,6 +115,7 @@ impl OffsetWriter {
         self.submit(WriteJob {
             entries: Vec::new(),
             links: Vec::new(),
+            settles: 0,
             listener: Arc::new(move |notice| {
                 if notice == WriteNotice::Durable
                     && let Some(tx) = tx.lock().unwrap_or_else(|p| p.into_inner()).take()
@@ -202,7 +206,7 @@ fn traced_write_span(queue: &[Queued]) -> tracing::Span {
         .first()
         .map_or("", |(key, _)| key.topic.as_str());
     let links = queue.iter().flat_map(|q| q.job.links.iter());
-    let deliveries = queue.iter().map(|q| q.job.links.len()).sum();
+    let deliveries = queue.iter().map(|q| q.job.settles).sum();
     links_span(Operation::OFFSET_WRITE, topic, links, deliveries)
 }
 

@@ -116,6 +116,8 @@ pub struct GroupHandle {
     pub ended: watch::Receiver<bool>,
     /// The group's latest report of itself.
     pub report: watch::Receiver<GroupReport>,
+    /// The `group` label of its metrics.
+    pub metric_label: Arc<str>,
 }
 
 impl GroupHandle {
@@ -320,6 +322,20 @@ impl Shared {
             (a.0.topic.as_str(), a.0.label()).cmp(&(b.0.topic.as_str(), b.0.label()))
         });
         reports
+    }
+
+    /// Every live group with its metrics label and latest report (groups that have not
+    /// reported yet are left out).
+    pub fn labeled_group_reports(&self) -> Vec<(GroupKey, Arc<str>, GroupReport)> {
+        self.lock_groups()
+            .by_key
+            .values()
+            .map(|handle| {
+                let report = handle.report.borrow().clone();
+                (handle.key.clone(), Arc::clone(&handle.metric_label), report)
+            })
+            .filter(|(_, _, report)| report.reported_unix_ms > 0)
+            .collect()
     }
 
     /// Whether this instance may deliver now (always, without a cluster; see
@@ -636,6 +652,7 @@ impl Shared {
             commands: started.commands,
             ended: started.ended,
             report: started.report,
+            metric_label: started.metric_label,
         };
         let mut groups = self.lock_groups();
         groups.by_key.insert(key.clone(), handle.clone());

@@ -163,8 +163,9 @@ impl Group {
         partition: &PartitionId,
         first_seen: i64,
     ) -> &mut PartitionTrack {
-        let (seeds, lost) = (&self.seeds, &self.lost_seeds);
+        let (seeds, lost, tallies) = (&self.seeds, &self.lost_seeds, &mut self.tallies);
         self.partitions.entry(partition.clone()).or_insert_with(|| {
+            tallies.touch(partition);
             let seed = seeds.get(partition).copied().unwrap_or(first_seen - 1);
             PartitionTrack::new(seed, lost.get(partition).copied().unwrap_or(0))
         })

@@ -321,6 +321,8 @@ pub(crate) struct Started {
     pub ended: watch::Receiver<bool>,
     /// Its latest report of itself.
     pub report: watch::Receiver<GroupReport>,
+    /// The `group` label of its metrics (its name, or `(other)` beyond the label bound).
+    pub metric_label: Arc<str>,
 }
 
 /// Starts a group actor.
@@ -330,12 +332,10 @@ pub(crate) fn spawn(shared: Arc<Shared>, init: GroupInit) -> Started {
     let (ended, ended_rx) = watch::channel(false);
     let (report_tx, report_rx) = watch::channel(GroupReport::default());
     let writes_healthy = *shared.writer.health().borrow();
+    let metric_label: Arc<str> = eventmesh_common::metrics::group_label(&init.key.label()).into();
     let labels = vec![
         Label::new("topic", init.key.topic.to_string()),
-        Label::new(
-            "group",
-            eventmesh_common::metrics::group_label(&init.key.label()),
-        ),
+        Label::new("group", metric_label.to_string()),
     ];
     let group = Group {
         shared,
@@ -376,6 +376,7 @@ pub(crate) fn spawn(shared: Arc<Shared>, init: GroupInit) -> Started {
         gate: gate_rx,
         ended: ended_rx,
         report: report_rx,
+        metric_label,
     }
 }
 
@@ -579,10 +580,17 @@ impl Group {
                 counts.oldest_unacked = Some(delivery.pulled_at);
             }
         }
+        // Partitions without a tracker yet (nothing pulled since the group started) are where
+        // the group started in them.
+        let untracked = self
+            .seeds
+            .iter()
+            .filter(|(partition, _)| !self.partitions.contains_key(*partition));
         let partitions = self
             .partitions
             .iter()
             .map(|(partition, track)| (partition.clone(), track.durable))
+            .chain(untracked.map(|(partition, seed)| (partition.clone(), *seed)))
             .collect();
         let report = report::build(
             self.sessions.len() as u32,
@@ -741,7 +749,7 @@ impl Group {
                 self.pump();
             }
             (SettleOp::Nack(delay), _) => {
-                self.tallies.nacked.add();
+                self.tallies.nacked.add(&delivery.partition);
                 self.retry(id.seq, Retry::After(delay), "NACKed");
                 reply(AckOutcome::Nacked, &capped);
                 self.pump();
@@ -811,7 +819,7 @@ impl Group {
             delivery.timer = None;
             match delivery.state {
                 DeliveryState::Sent { .. } => {
-                    self.tallies.timed_out.add();
+                    self.tallies.timed_out.add(&delivery.partition);
                     self.retry(seq, Retry::After(None), "ACK timeout");
                 }
                 DeliveryState::Backoff => {
@@ -893,6 +901,7 @@ impl Group {
         self.shared.writer.submit(WriteJob {
             entries,
             links,
+            settles: tokens.len(),
             listener: Arc::new(move |notice| {
                 // Durable progress is what the mirror carries to a group's next home; told
                 // here, in the writer, so a group's last flush is mirrored after it ended.
@@ -1093,7 +1102,7 @@ impl Group {
             return;
         };
         delivery.state = DeliveryState::Writing;
-        self.tallies.dead_lettered.add();
+        self.tallies.dead_lettered.add(&delivery.partition);
         self.settle(seq);
     }
 

@@ -2,9 +2,11 @@
 //!
 //! * Counters, labeled `topic` and `group` (the group label bounded by
 //!   `eventmesh_common::metrics::group_label`): deliveries, ACKs, NACKs, redeliveries, ACK
-//!   timeouts and dead letters, counted as they happen. Redeliveries also carry `partition`
-//!   ([`PartitionTally`]): they point at a poison or slow partition, and a partition gets its
-//!   series only once it has had one, so the label costs nothing where nothing goes wrong.
+//!   timeouts and dead letters, counted as they happen. The counters of what goes wrong —
+//!   NACKs, redeliveries, ACK timeouts, dead letters — also carry `partition`
+//!   ([`PartitionTally`]): they point at a poison or slow partition. A partition's series
+//!   start at 0 when the group first reads it, so `rate()` sees the first count. Deliveries and
+//!   ACKs, counted for every event, stay per group.
 //! * Every flush interval (and when the group ends) a [`GroupReport`] snapshot — sessions,
 //!   where its deliveries are, the age of its oldest un-ACKed delivery, its counters and each
 //!   partition's durable watermark — published on a watch channel that `DescribeGroups` (and so
@@ -52,7 +54,7 @@ impl Tally {
 }
 
 /// A counter of the group per partition (the Prometheus counter gets a `partition` label); a
-/// partition's series starts at its first count.
+/// partition's series starts at 0 when [`touch`](Self::touch)ed.
 pub(crate) struct PartitionTally {
     name: &'static str,
     labels: Vec<Label>,
@@ -73,15 +75,23 @@ impl PartitionTally {
     /// Counts one for `partition`.
     pub(crate) fn add(&mut self, partition: &PartitionId) {
         self.total += 1;
-        if let Some(tally) = self.by_partition.get_mut(partition) {
-            tally.add();
-            return;
-        }
-        let mut labels = self.labels.clone();
-        labels.push(Label::new("partition", partition.to_string()));
-        let mut tally = Tally::new(self.name, &labels);
-        tally.add();
-        self.by_partition.insert(partition.clone(), tally);
+        self.tally(partition).add();
+    }
+
+    /// Makes `partition`'s series exist, at 0.
+    pub(crate) fn touch(&mut self, partition: &PartitionId) {
+        self.tally(partition).metric.increment(0);
+    }
+
+    fn tally(&mut self, partition: &PartitionId) -> &mut Tally {
+        let (name, labels) = (self.name, &self.labels);
+        self.by_partition
+            .entry(partition.clone())
+            .or_insert_with(|| {
+                let mut labels = labels.clone();
+                labels.push(Label::new("partition", partition.to_string()));
+                Tally::new(name, &labels)
+            })
     }
 
     /// The count over all partitions.
@@ -100,40 +110,49 @@ pub(crate) struct Tallies {
     pub delivered: Tally,
     /// `dispatcher_acks_total`: ACKs accepted.
     pub acked: Tally,
-    /// `dispatcher_nacks_total`: NACKs accepted.
-    pub nacked: Tally,
+    /// `dispatcher_nacks_total{partition}`: NACKs accepted.
+    pub nacked: PartitionTally,
     /// `dispatcher_redeliveries_total{partition}`: retries scheduled (NACK, timeout, lost
     /// session).
     pub redelivered: PartitionTally,
-    /// `dispatcher_ack_timeouts_total`: ACK deadlines that passed.
-    pub timed_out: Tally,
-    /// `dispatcher_dead_letters_total`: events settled by a durable dead-letter copy.
-    pub dead_lettered: Tally,
+    /// `dispatcher_ack_timeouts_total{partition}`: ACK deadlines that passed.
+    pub timed_out: PartitionTally,
+    /// `dispatcher_dead_letters_total{partition}`: events settled by a durable dead-letter
+    /// copy.
+    pub dead_lettered: PartitionTally,
 }
 
 impl Tallies {
+    /// Makes the per-partition series of `partition` exist, at 0 (the group reads it now).
+    pub(crate) fn touch(&mut self, partition: &PartitionId) {
+        self.nacked.touch(partition);
+        self.redelivered.touch(partition);
+        self.timed_out.touch(partition);
+        self.dead_lettered.touch(partition);
+    }
+
     /// Brings every Prometheus counter up to date.
     pub(crate) fn export(&mut self) {
+        self.delivered.export();
+        self.acked.export();
         for tally in [
-            &mut self.delivered,
-            &mut self.acked,
             &mut self.nacked,
+            &mut self.redelivered,
             &mut self.timed_out,
             &mut self.dead_lettered,
         ] {
             tally.export();
         }
-        self.redelivered.export();
     }
 
     pub(crate) fn new(labels: &[Label]) -> Self {
         Tallies {
             delivered: Tally::new("dispatcher_deliveries_total", labels),
             acked: Tally::new("dispatcher_acks_total", labels),
-            nacked: Tally::new("dispatcher_nacks_total", labels),
+            nacked: PartitionTally::new("dispatcher_nacks_total", labels),
             redelivered: PartitionTally::new("dispatcher_redeliveries_total", labels),
-            timed_out: Tally::new("dispatcher_ack_timeouts_total", labels),
-            dead_lettered: Tally::new("dispatcher_dead_letters_total", labels),
+            timed_out: PartitionTally::new("dispatcher_ack_timeouts_total", labels),
+            dead_lettered: PartitionTally::new("dispatcher_dead_letters_total", labels),
         }
     }
 }
@@ -299,10 +318,10 @@ pub(crate) fn build(
             .map_or(Duration::ZERO, |since| now.saturating_duration_since(since)),
         delivered_total: tallies.delivered.total,
         acked_total: tallies.acked.total,
-        nacked_total: tallies.nacked.total,
+        nacked_total: tallies.nacked.total(),
         redelivered_total: tallies.redelivered.total(),
-        timed_out_total: tallies.timed_out.total,
-        dead_lettered_total: tallies.dead_lettered.total,
+        timed_out_total: tallies.timed_out.total(),
+        dead_lettered_total: tallies.dead_lettered.total(),
         partitions,
         reported_unix_ms: SystemTime::now()
             .duration_since(UNIX_EPOCH)
@@ -340,12 +359,12 @@ mod tests {
         tallies.delivered.add();
         tallies.delivered.add();
         tallies.acked.add();
-        tallies.nacked.add();
         let p = |text: &str| PartitionId::new(text).unwrap();
+        tallies.nacked.add(&p("0"));
         tallies.redelivered.add(&p("1"));
         tallies.redelivered.add(&p("1"));
         tallies.redelivered.add(&p("0"));
-        tallies.dead_lettered.add();
+        tallies.dead_lettered.add(&p("1"));
         let now = Instant::now();
         let counts = DeliveryCounts {
             in_flight: 1,

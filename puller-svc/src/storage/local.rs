@@ -9,7 +9,7 @@
 //! reports what retention removed (also when a read races retention); one past the log end is
 //! reported and left alone.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
@@ -58,6 +58,9 @@ struct Inner {
     cursors: Arc<CursorBook>,
     /// Per topic with a waiting reader: bumped after each append (see `Storage::appends`).
     appends: Mutex<HashMap<Topic, watch::Sender<u64>>>,
+    /// Partitions whose last read failed: a failure is logged when a partition joins, and
+    /// its recovery when it leaves, not at every poll.
+    failing: Mutex<HashSet<(Topic, PartitionId)>>,
 }
 
 impl Inner {
@@ -107,6 +110,7 @@ impl LocalStorage {
                 limits: FrameLimits::DEFAULT,
                 cursors: Arc::new(CursorBook::new(&data_dir, BACKEND)),
                 appends: Mutex::default(),
+                failing: Mutex::default(),
             }),
         })
     }
@@ -145,6 +149,24 @@ impl Inner {
                 (targets, unpositioned)
             }
         })
+    }
+
+    /// Notes how the last read of a partition went (`Some(error)`: it failed), logging only
+    /// the changes: the first failure at WARN, the recovery at INFO.
+    fn read_state(&self, topic: &Topic, partition: &PartitionId, failed: Option<&TopicError>) {
+        let mut failing = self.failing.lock().unwrap_or_else(|p| p.into_inner());
+        match failed {
+            Some(error) => {
+                if failing.insert((topic.clone(), partition.clone())) {
+                    tracing::warn!(%topic, %partition, %error, "partition read failed; it is held (read again at every poll, never skipped) while the others are read");
+                }
+            }
+            None => {
+                if !failing.is_empty() && failing.remove(&(topic.clone(), partition.clone())) {
+                    tracing::info!(%topic, %partition, "partition readable again");
+                }
+            }
+        }
     }
 
     fn poll(
@@ -192,11 +214,12 @@ impl Inner {
                     Ok(records) => {
                         bytes += records.iter().map(|r| r.body.len() + r.key.len()).sum::<usize>();
                         plan.records = records;
+                        self.read_state(&reader.topic, &plan.range.partition, None);
                     }
                     Err(err) => {
                         // The other partitions are still read (one damaged partition must not
                         // hold the topic); this one is read again from its cursor next time.
-                        tracing::warn!(topic = %reader.topic, partition = %plan.range.partition, error = %err, "partition read failed; the others are read");
+                        self.read_state(&reader.topic, &plan.range.partition, Some(&err));
                         plan.failed = true;
                         batch.failed_partitions += 1;
                         first_error.get_or_insert(err);
@@ -219,8 +242,12 @@ impl Inner {
                     });
                 }
             }
-            // Nothing read and something failed: the poll fails (and says why).
-            if let Some(err) = first_error.filter(|_| batch.records.is_empty()) {
+            // Every partition failed: the poll fails (and says why). With one partition left
+            // behind the others still answer — empty when they are caught up, so the caller's
+            // long poll waits for appends instead of retrying at once.
+            if batch.failed_partitions as usize == plans.len()
+                && let Some(err) = first_error
+            {
                 return Err(err.into());
             }
             // Only now: every range below goes back to the caller with its records.
