@@ -6,7 +6,7 @@ ensure_build_deps
 # The Kafka backend's tests start a real Kafka-compatible broker (tansu) on loopback.
 bash "$REPO_ROOT/scripts/kafka.sh" install
 # The RocketMQ backends' tests start a real name server and broker(s) (rocketmq-namesrv and
-# rocketmq-broker 1.0.0 from crates.io; built once into the tool cache, about 12 minutes).
+# rocketmq-broker 1.0.0 from crates.io; built once into the tool cache, about 9 minutes).
 bash "$REPO_ROOT/scripts/rocketmq.sh" install
 # The cluster tests start a real etcd (Debian's etcd-server) on loopback.
 bash "$REPO_ROOT/scripts/etcd.sh" install
