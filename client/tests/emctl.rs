@@ -412,7 +412,9 @@ fn top_frame(instance: &LocalInstance, topic: &str) -> serde_json::Value {
 async fn top_shows_a_groups_rates_lag_in_flight_and_settlements() {
     let dir = tempfile::tempdir().unwrap();
     let emctl_dir = Path::new(env!("CARGO_BIN_EXE_emctl")).parent().unwrap();
-    let mut config = metered_config(dir.path());
+    // A group ends 1.5 s after its last session (checked at the end).
+    let mut config =
+        metered_config(dir.path()).args(Service::Dispatcher, ["--group-grace-ms", "1500"]);
     config.bin_dir = Some(emctl_dir.to_owned());
     let instance = LocalInstance::start(config).await.unwrap();
     ok(&emctl(
@@ -574,7 +576,18 @@ async fn top_shows_a_groups_rates_lag_in_flight_and_settlements() {
         missing.is_empty(),
         "dashboard metrics not exposed: {missing:?}; exposed: {exposed:?}"
     );
+
+    // The group ends once its last session has been gone for the grace period: this instance
+    // holds nothing of it any more, so its gauges read 0 — the lag too, which is measured
+    // against the partitions' ends and would otherwise keep its last value (a new home
+    // reports it).
     drop(subscription);
+    for gauge in [
+        "dispatcher_group_oldest_unacked_seconds",
+        "dispatcher_consumer_lag_records",
+    ] {
+        wait_for_metric_sum(dispatcher_metrics, gauge, &watched, 0.0).await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
