@@ -133,6 +133,105 @@ pub fn apply<T>(target: &mut T, value: Option<T>) {
     }
 }
 
+/// The settings reference, `docs/CONFIG.md`.
+const CONFIG_DOC: &str = include_str!("../../docs/CONFIG.md");
+
+/// What `service`'s settings table in `docs/CONFIG.md` (its `## service` section) gets wrong
+/// (empty: nothing), for the services' tests. Its rows read
+/// `` | `toml.key` | `--flag` | `ENV_VAR` | default | meaning | `` (`—` for no TOML key).
+/// Every setting of `config` (dotted TOML keys, as `--check-config` prints them) needs a row,
+/// every row's key must be a setting, and its flag and variable must be ones `command`
+/// accepts — with every flag of `command` documented in some row.
+pub fn undocumented_settings(
+    service: &str,
+    config: &impl Serialize,
+    command: &clap::Command,
+) -> Vec<String> {
+    let section = doc_section(CONFIG_DOC, &format!("## {service}"));
+    if section.is_empty() {
+        return vec![format!("docs/CONFIG.md has no section `## {service}`")];
+    }
+    let mut problems = Vec::new();
+    let settings = match toml::Value::try_from(config) {
+        Ok(toml::Value::Table(table)) => dotted_keys("", &table),
+        other => return vec![format!("the configuration is not a TOML table: {other:?}")],
+    };
+    let cell = |text: &str| text.trim().trim_matches('`').to_owned();
+    let rows: Vec<(String, String, String)> = section
+        .lines()
+        .filter_map(|line| {
+            let cells: Vec<&str> = line.strip_prefix('|')?.split('|').collect();
+            let flag = cell(cells.get(1)?);
+            let is_flag = flag
+                .strip_prefix("--")
+                .is_some_and(|name| name.starts_with(|c: char| c.is_ascii_alphabetic()));
+            is_flag.then(|| (cell(cells[0]), flag, cell(cells.get(2).unwrap_or(&""))))
+        })
+        .collect();
+    for key in &settings {
+        if !rows.iter().any(|(documented, _, _)| documented == key) {
+            problems.push(format!("setting `{key}` has no row"));
+        }
+    }
+    for (key, flag, env) in &rows {
+        if key != "—" && !settings.contains(key) {
+            problems.push(format!("row `{key}` is not a setting"));
+        }
+        let arg = command.get_arguments().find(|arg| {
+            arg.get_long()
+                .is_some_and(|long| flag == &format!("--{long}"))
+        });
+        match arg {
+            None => problems.push(format!("row `{key}`: no flag {flag}")),
+            Some(arg) => {
+                let accepted = arg.get_env().and_then(|e| e.to_str()).unwrap_or_default();
+                if env != accepted {
+                    problems.push(format!(
+                        "row `{key}`: {flag} reads `{accepted}`, not `{env}`"
+                    ));
+                }
+            }
+        }
+    }
+    for arg in command.get_arguments() {
+        let Some(long) = arg.get_long() else { continue };
+        let flag = format!("--{long}");
+        if !matches!(long, "help" | "version" | "check-config")
+            && !rows.iter().any(|(_, documented, _)| documented == &flag)
+        {
+            problems.push(format!("flag {flag} has no row"));
+        }
+    }
+    problems
+}
+
+/// The keys of `table` and its sub-tables, dotted (`delivery.ack_timeout_ms`).
+fn dotted_keys(prefix: &str, table: &toml::Table) -> Vec<String> {
+    table
+        .iter()
+        .flat_map(|(key, value)| {
+            let key = format!("{prefix}{key}");
+            match value {
+                toml::Value::Table(inner) => dotted_keys(&format!("{key}."), inner),
+                _ => vec![key],
+            }
+        })
+        .collect()
+}
+
+/// The part of `doc` from the heading `heading` to the next heading of the same level.
+fn doc_section<'a>(doc: &'a str, heading: &str) -> &'a str {
+    let Some(start) = doc.find(&format!("\n{heading}\n")) else {
+        return "";
+    };
+    let rest = &doc[start + 1..];
+    let level = heading.split(' ').next().unwrap_or("##");
+    let end = rest[heading.len()..]
+        .find(&format!("\n{level} "))
+        .map_or(rest.len(), |end| end + heading.len());
+    &rest[..end]
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -566,6 +566,18 @@ mod tests {
     use super::*;
 
     #[test]
+    fn every_setting_flag_and_variable_is_documented() {
+        use clap::CommandFactory;
+        use eventmesh_common::config::undocumented_settings;
+        let problems =
+            undocumented_settings("dispatcher-svc", &Config::default(), &Args::command());
+        assert!(
+            problems.is_empty(),
+            "docs/CONFIG.md, dispatcher-svc: {problems:#?}"
+        );
+    }
+
+    #[test]
     fn defaults_are_the_references() {
         let config = Args::parse_from(["dispatcher-svc"]).into_config().unwrap();
         let d = &config.delivery;

@@ -141,6 +141,17 @@ mod tests {
     use super::*;
 
     #[test]
+    fn every_setting_flag_and_variable_is_documented() {
+        use clap::CommandFactory;
+        use eventmesh_common::config::undocumented_settings;
+        let problems = undocumented_settings("offset-svc", &Config::default(), &Args::command());
+        assert!(
+            problems.is_empty(),
+            "docs/CONFIG.md, offset-svc: {problems:#?}"
+        );
+    }
+
+    #[test]
     fn flags_override_file_which_overrides_defaults() {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("offset.toml");

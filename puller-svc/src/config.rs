@@ -373,6 +373,22 @@ mod tests {
     use super::*;
 
     #[test]
+    fn every_setting_flag_and_variable_is_documented() {
+        use clap::CommandFactory;
+        use eventmesh_common::config::undocumented_settings;
+        // Every optional setting set, so it is serialized too.
+        let config = Config {
+            auto_create_topics: Some(true),
+            ..Config::default()
+        };
+        let problems = undocumented_settings("puller-svc", &config, &Args::command());
+        assert!(
+            problems.is_empty(),
+            "docs/CONFIG.md, puller-svc: {problems:#?}"
+        );
+    }
+
+    #[test]
     fn defaults_file_and_flags() {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("puller.toml");
