@@ -9,6 +9,8 @@ use std::time::Duration;
 
 use eventmesh_client::local::{LocalConfig, LocalInstance, Service};
 
+mod support;
+
 fn emctl(instance: &LocalInstance, args: &[&str], stdin: &str) -> Output {
     let mut child = Command::new(env!("CARGO_BIN_EXE_emctl"))
         .args(args)
@@ -593,14 +595,7 @@ async fn top_shows_a_groups_rates_lag_in_flight_and_settlements() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_record_failing_its_crc_holds_its_partition_counts_pull_errors_and_flows_once_repaired() {
     let dir = tempfile::tempdir().unwrap();
-    let instance = LocalInstance::start(metered_config(dir.path()))
-        .await
-        .unwrap();
-    ok(&emctl(
-        &instance,
-        &["publish", "--topic", "damaged", "--count", "20"],
-        "",
-    ));
+    let instance = metered_instance(dir.path(), "damaged", 20).await;
     // Damage the last record of one partition's segment: its CRC no longer matches.
     let segment = segments(&instance.data_dir().join("puller"))
         .into_iter()
@@ -691,6 +686,54 @@ async fn a_record_failing_its_crc_holds_its_partition_counts_pull_errors_and_flo
     reader.abort();
 }
 
+/// The lag gauge while puller-svc cannot answer: the last values are kept (a lag that
+/// cannot be measured is not "no lag"), even as ACKs move the watermarks; once puller-svc is
+/// back the gauge follows them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_lag_gauge_keeps_its_last_values_while_the_puller_cannot_answer() {
+    let dir = tempfile::tempdir().unwrap();
+    let instance = metered_instance(dir.path(), "blind", 10).await;
+    let mut subscription = subscribe_earliest(&instance, "blind-reader", "blind", "g").await;
+    let mut held = support::take_deliveries(&mut subscription, 10).await;
+    let metrics = instance.metrics_addr(Service::Dispatcher);
+    let group = [("topic", "blind"), ("group", "g")];
+    let lag = "dispatcher_consumer_lag_records";
+    wait_for_metric_sum(metrics, lag, &group, 10.0).await;
+
+    // puller-svc frozen: the ranges cannot be read (the dispatcher says so once).
+    instance.signal(Service::Puller, "STOP").unwrap();
+    let log = instance.log_file(Service::Dispatcher);
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while !std::fs::read_to_string(&log)
+        .unwrap_or_default()
+        .contains("cannot read the topic's ranges for consumer lag")
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the failed lag read was never logged"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // Every delivery ACKed and durable (offset-svc answers): the lag is not re-measured.
+    for delivery in held.drain(..) {
+        delivery.ack_and_wait().await.unwrap();
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let kept: f64 = series(
+        &tokio::task::block_in_place(|| scrape(metrics)),
+        lag,
+        &group,
+    )
+    .iter()
+    .map(|(_, value)| value)
+    .sum();
+    assert_eq!(kept, 10.0, "the last measured lag is kept, not zeroed");
+
+    instance.signal(Service::Puller, "CONT").unwrap();
+    wait_for_metric_sum(metrics, lag, &group, 0.0).await;
+    drop(subscription);
+}
+
 /// An instance in `dir` whose metrics are scraped: known metrics ports, and lag gauges
 /// measured every 300 ms (so a test need not wait the default 5 s).
 fn metered_config(dir: &Path) -> LocalConfig {
@@ -699,6 +742,18 @@ fn metered_config(dir: &Path) -> LocalConfig {
         *addr = free_loopback_addr();
     }
     config
+}
+
+/// A [`metered_config`] instance in `dir`, with `count` events published to `topic`.
+async fn metered_instance(dir: &Path, topic: &str, count: u32) -> LocalInstance {
+    let instance = LocalInstance::start(metered_config(dir)).await.unwrap();
+    let count = count.to_string();
+    ok(&emctl(
+        &instance,
+        &["publish", "--topic", topic, "--count", &count],
+        "",
+    ));
+    instance
 }
 
 /// A subscription of `group` on `topic` from the earliest record, as `client_id`.

@@ -89,15 +89,7 @@ async fn a_frozen_offset_svc_is_noticed_like_a_dead_one() {
         )
         .await
         .unwrap();
-    let mut held = Vec::new();
-    while held.len() < 10 {
-        let delivery = tokio::time::timeout(Duration::from_secs(20), subscription.next())
-            .await
-            .unwrap()
-            .unwrap()
-            .unwrap();
-        held.push(delivery);
-    }
+    let held = take_deliveries(&mut subscription, 10).await;
     assert_eq!(readiness(&instance).await, ServingStatus::Serving);
 
     instance.signal(Service::Offset, "STOP").unwrap();

@@ -55,6 +55,23 @@ pub async fn subscribe(client: &Client) -> Subscription {
         .expect("subscription opens")
 }
 
+/// The next `n` deliveries of `subscription`, taken and not settled (20 s each at most).
+pub async fn take_deliveries(
+    subscription: &mut Subscription,
+    n: usize,
+) -> Vec<eventmesh_client::Delivery> {
+    let mut taken = Vec::with_capacity(n);
+    while taken.len() < n {
+        let delivery = tokio::time::timeout(Duration::from_secs(20), subscription.next())
+            .await
+            .expect("a delivery within 20 s")
+            .expect("the subscription is open")
+            .expect("a delivery, not an error");
+        taken.push(delivery);
+    }
+    taken
+}
+
 pub fn event_id(n: u64) -> String {
     format!("e2e-{n:08}")
 }
