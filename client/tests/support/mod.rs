@@ -123,7 +123,13 @@ struct LedgerInner {
     instances: HashMap<Arc<str>, InstanceLedger>,
     /// The instance of the latest delivery.
     latest_instance: Option<Arc<str>>,
+    /// Per event id, each delivery: instance, attempt, partition and offset (to tell a
+    /// redelivery from a second copy of the event when a checker finds a duplicate).
+    delivery_log: HashMap<String, Vec<DeliveryRecord>>,
 }
+
+/// One delivery as the checker saw it: instance, attempt, partition, offset.
+type DeliveryRecord = (Arc<str>, u32, String, i64);
 
 #[derive(Debug, Default)]
 struct InstanceLedger {
@@ -166,6 +172,12 @@ impl Ledger {
         by_instance.first_at.get_or_insert(now);
         by_instance.last_at = Some(now);
         inner.latest_instance = Some(Arc::clone(&delivery.instance_id));
+        inner.delivery_log.entry(event.clone()).or_default().push((
+            Arc::clone(&delivery.instance_id),
+            delivery.attempt,
+            delivery.partition.clone(),
+            delivery.offset,
+        ));
         inner.delivery_events.insert(
             delivery.id.clone(),
             (event, Arc::clone(&delivery.instance_id)),
@@ -203,6 +215,37 @@ impl Ledger {
         let inner = self.lock();
         let ledger = inner.instances.get(instance)?;
         Some((ledger.first_at?, ledger.last_at?))
+    }
+
+    /// Up to `max` event ids delivered more than once, each with its deliveries (instance,
+    /// attempt, partition@offset) and whether it was answered DURABLE: one record delivered
+    /// twice is a redelivery, two records of one id a publish stored twice.
+    pub fn duplicate_detail(&self, max: usize) -> String {
+        let inner = self.lock();
+        let mut ids: Vec<&String> = inner
+            .delivered
+            .iter()
+            .filter(|(_, n)| **n > 1)
+            .map(|(id, _)| id)
+            .collect();
+        ids.sort();
+        ids.iter()
+            .take(max)
+            .map(|id| {
+                let deliveries: Vec<String> = inner
+                    .delivery_log
+                    .get(*id)
+                    .into_iter()
+                    .flatten()
+                    .map(|(instance, attempt, partition, offset)| {
+                        format!("{instance} attempt {attempt} at {partition}@{offset}")
+                    })
+                    .collect();
+                let durable = inner.durable.contains(*id);
+                format!("{id} (durable {durable}): {}", deliveries.join("; "))
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
     }
 
     /// How many times `id` was delivered.
@@ -451,8 +494,9 @@ impl Run {
         assert_eq!(count.lost, 0, "{label}: {count:?}");
         assert!(
             count.duplicates <= bound,
-            "{label}: duplicates {} above the bound {bound}",
-            count.duplicates
+            "{label}: duplicates {} above the bound {bound}; the first ones:\n{}",
+            count.duplicates,
+            self.ledger.duplicate_detail(10)
         );
         let stats = subscription.stats();
         self.instance.stop(Duration::from_secs(10)).await;
