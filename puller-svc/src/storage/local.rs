@@ -60,7 +60,7 @@ struct Inner {
     appends: Mutex<HashMap<Topic, watch::Sender<u64>>>,
     /// Partitions whose last read failed: a failure is logged when a partition joins, and
     /// its recovery when it leaves, not at every poll.
-    failing: Mutex<HashSet<(Topic, PartitionId)>>,
+    failing: Mutex<HashSet<PullKey>>,
 }
 
 impl Inner {
@@ -153,17 +153,17 @@ impl Inner {
 
     /// Notes how the last read of a partition went (`Some(error)`: it failed), logging only
     /// the changes: the first failure at WARN, the recovery at INFO.
-    fn read_state(&self, topic: &Topic, partition: &PartitionId, failed: Option<&TopicError>) {
+    fn read_state(&self, key: &PullKey, failed: Option<&TopicError>) {
         let mut failing = self.failing.lock().unwrap_or_else(|p| p.into_inner());
         match failed {
             Some(error) => {
-                if failing.insert((topic.clone(), partition.clone())) {
-                    tracing::warn!(%topic, %partition, %error, "partition read failed; it is held (read again at every poll, never skipped) while the others are read");
+                if failing.insert(key.clone()) {
+                    tracing::warn!(%key, %error, "partition read failed; it is held (read again at every poll, never skipped) while the others are read");
                 }
             }
             None => {
-                if !failing.is_empty() && failing.remove(&(topic.clone(), partition.clone())) {
-                    tracing::info!(%topic, %partition, "partition readable again");
+                if failing.remove(key) {
+                    tracing::info!(%key, "partition readable again");
                 }
             }
         }
@@ -214,12 +214,12 @@ impl Inner {
                     Ok(records) => {
                         bytes += records.iter().map(|r| r.body.len() + r.key.len()).sum::<usize>();
                         plan.records = records;
-                        self.read_state(&reader.topic, &plan.range.partition, None);
+                        self.read_state(&plan.key, None);
                     }
                     Err(err) => {
                         // The other partitions are still read (one damaged partition must not
                         // hold the topic); this one is read again from its cursor next time.
-                        self.read_state(&reader.topic, &plan.range.partition, Some(&err));
+                        self.read_state(&plan.key, Some(&err));
                         plan.failed = true;
                         batch.failed_partitions += 1;
                         first_error.get_or_insert(err);
