@@ -42,8 +42,8 @@ impl AdminService for AdminGrpc {
             .shared
             .group_reports()
             .into_iter()
-            .filter(|(key, _)| topic.is_empty() || key.topic.as_str() == topic)
-            .map(|(key, report)| group_status(&key, report))
+            .filter(|group| topic.is_empty() || group.key.topic.as_str() == topic)
+            .map(|group| group_status(&group.key, group.report))
             .collect();
         Ok(Response::new(pb::DescribeGroupsResponse {
             instance_id: self.shared.instance_id.clone(),

@@ -98,11 +98,15 @@ async fn measure(
     failing: &mut HashSet<Topic>,
 ) {
     let mut by_topic: HashMap<Topic, Vec<(Arc<str>, Watermarks)>> = HashMap::new();
-    for (key, label, report) in shared.labeled_group_reports() {
+    for group in shared.group_reports() {
+        // A group that has not reported yet has no watermarks to measure from.
+        if group.report.reported_unix_ms == 0 {
+            continue;
+        }
         by_topic
-            .entry(key.topic)
+            .entry(group.key.topic)
             .or_default()
-            .push((label, report.partitions));
+            .push((group.metric_label, group.report.partitions));
     }
     failing.retain(|topic| by_topic.contains_key(topic));
     let mut values: HashMap<SeriesKey, i64> = HashMap::new();

@@ -103,6 +103,15 @@ impl fmt::Display for GroupKey {
     }
 }
 
+/// One live group as [`Shared::group_reports`] saw it.
+#[derive(Debug, Clone)]
+pub struct GroupSnapshot {
+    pub key: GroupKey,
+    /// The `group` label its metrics carry (bounded; see `GroupHandle::metric_label`).
+    pub metric_label: Arc<str>,
+    pub report: GroupReport,
+}
+
 /// A live group.
 #[derive(Debug, Clone)]
 pub struct GroupHandle {
@@ -309,33 +318,25 @@ impl Shared {
         self.groups.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Every live group's latest report, ordered by topic and group (what `DescribeGroups`
-    /// answers). Reads what the groups published; never waits for an actor.
-    pub fn group_reports(&self) -> Vec<(GroupKey, GroupReport)> {
-        let mut reports: Vec<(GroupKey, GroupReport)> = self
+    /// Every live group's latest report with its metrics label, ordered by topic and group
+    /// (what `DescribeGroups` answers and what the lag gauges read). Reads what the groups
+    /// published; never waits for an actor. A group that has not reported yet has
+    /// `reported_unix_ms == 0`.
+    pub fn group_reports(&self) -> Vec<GroupSnapshot> {
+        let mut reports: Vec<GroupSnapshot> = self
             .lock_groups()
             .by_key
             .values()
-            .map(|handle| (handle.key.clone(), handle.report.borrow().clone()))
+            .map(|handle| GroupSnapshot {
+                key: handle.key.clone(),
+                metric_label: Arc::clone(&handle.metric_label),
+                report: handle.report.borrow().clone(),
+            })
             .collect();
         reports.sort_by(|a, b| {
-            (a.0.topic.as_str(), a.0.label()).cmp(&(b.0.topic.as_str(), b.0.label()))
+            (a.key.topic.as_str(), a.key.label()).cmp(&(b.key.topic.as_str(), b.key.label()))
         });
         reports
-    }
-
-    /// Every live group with its metrics label and latest report (groups that have not
-    /// reported yet are left out).
-    pub fn labeled_group_reports(&self) -> Vec<(GroupKey, Arc<str>, GroupReport)> {
-        self.lock_groups()
-            .by_key
-            .values()
-            .map(|handle| {
-                let report = handle.report.borrow().clone();
-                (handle.key.clone(), Arc::clone(&handle.metric_label), report)
-            })
-            .filter(|(_, _, report)| report.reported_unix_ms > 0)
-            .collect()
     }
 
     /// Whether this instance may deliver now (always, without a cluster; see
