@@ -113,8 +113,10 @@ pub struct Ledger {
 #[derive(Debug, Default)]
 struct LedgerInner {
     published: HashSet<String>,
-    /// Deliveries per event id.
-    delivered: HashMap<String, u32>,
+    /// Per event id, each of its deliveries: instance, attempt, partition and offset (how many
+    /// times it was delivered, and, when a checker finds a duplicate, whether it was a
+    /// redelivery or a second copy of the event).
+    delivered: HashMap<String, Vec<DeliveryRecord>>,
     /// Event ids with a DURABLE answer.
     durable: HashSet<String>,
     /// Delivery id → (event id, delivering instance), to map ACK answers.
@@ -123,9 +125,6 @@ struct LedgerInner {
     instances: HashMap<Arc<str>, InstanceLedger>,
     /// The instance of the latest delivery.
     latest_instance: Option<Arc<str>>,
-    /// Per event id, each delivery: instance, attempt, partition and offset (to tell a
-    /// redelivery from a second copy of the event when a checker finds a duplicate).
-    delivery_log: HashMap<String, Vec<DeliveryRecord>>,
 }
 
 /// One delivery as the checker saw it: instance, attempt, partition, offset.
@@ -162,7 +161,12 @@ impl Ledger {
     fn delivered(&self, delivery: &eventmesh_client::Delivery) {
         let mut inner = self.lock();
         let event = delivery.event.id.clone();
-        *inner.delivered.entry(event.clone()).or_default() += 1;
+        inner.delivered.entry(event.clone()).or_default().push((
+            Arc::clone(&delivery.instance_id),
+            delivery.attempt,
+            delivery.partition.clone(),
+            delivery.offset,
+        ));
         let now = Instant::now();
         let by_instance = inner
             .instances
@@ -172,12 +176,6 @@ impl Ledger {
         by_instance.first_at.get_or_insert(now);
         by_instance.last_at = Some(now);
         inner.latest_instance = Some(Arc::clone(&delivery.instance_id));
-        inner.delivery_log.entry(event.clone()).or_default().push((
-            Arc::clone(&delivery.instance_id),
-            delivery.attempt,
-            delivery.partition.clone(),
-            delivery.offset,
-        ));
         inner.delivery_events.insert(
             delivery.id.clone(),
             (event, Arc::clone(&delivery.instance_id)),
@@ -222,21 +220,18 @@ impl Ledger {
     /// twice is a redelivery, two records of one id a publish stored twice.
     pub fn duplicate_detail(&self, max: usize) -> String {
         let inner = self.lock();
-        let mut ids: Vec<&String> = inner
+        let mut duplicated: Vec<(&String, &Vec<DeliveryRecord>)> = inner
             .delivered
             .iter()
-            .filter(|(_, n)| **n > 1)
-            .map(|(id, _)| id)
+            .filter(|(_, deliveries)| deliveries.len() > 1)
             .collect();
-        ids.sort();
-        ids.iter()
+        duplicated.sort_by_key(|(id, _)| *id);
+        duplicated
+            .iter()
             .take(max)
-            .map(|id| {
-                let deliveries: Vec<String> = inner
-                    .delivery_log
-                    .get(*id)
-                    .into_iter()
-                    .flatten()
+            .map(|(id, deliveries)| {
+                let deliveries: Vec<String> = deliveries
+                    .iter()
                     .map(|(instance, attempt, partition, offset)| {
                         format!("{instance} attempt {attempt} at {partition}@{offset}")
                     })
@@ -250,7 +245,10 @@ impl Ledger {
 
     /// How many times `id` was delivered.
     pub fn deliveries_of(&self, id: &str) -> u32 {
-        self.lock().delivered.get(id).copied().unwrap_or(0)
+        self.lock()
+            .delivered
+            .get(id)
+            .map_or(0, |deliveries| deliveries.len() as u32)
     }
 
     /// Event ids answered DURABLE so far.
@@ -275,7 +273,7 @@ impl Ledger {
 
     pub fn count(&self) -> Count {
         let inner = self.lock();
-        let deliveries: usize = inner.delivered.values().map(|&n| n as usize).sum();
+        let deliveries: usize = inner.delivered.values().map(Vec::len).sum();
         Count {
             published: inner.published.len(),
             distinct_delivered: inner.delivered.len(),
