@@ -2,7 +2,7 @@
 # A real Kafka-compatible broker for tests: tansu 0.6.0 (crates.io) with in-memory storage,
 # listening on 127.0.0.1 only.
 #
-#   scripts/kafka.sh install          # build tansu into the tool cache once (about 7 min)
+#   scripts/kafka.sh install          # build tansu into the tool cache once (about 4 min)
 #   scripts/kafka.sh start DIR [PORT] # start it in DIR (logs, pid file); waits until ready
 #   scripts/kafka.sh stop DIR         # stop the broker started in DIR, by its pid
 #
@@ -18,7 +18,7 @@ install_tansu() {
     return 0
   fi
   ensure_apt build-essential pkg-config cmake
-  log "building tansu $TANSU_VERSION into $EM_TOOLS (once per machine, about 7 minutes)"
+  log "building tansu $TANSU_VERSION into $EM_TOOLS (once per machine, about 4 minutes)"
   cargo_install_tool tansu --version "$TANSU_VERSION" --no-default-features --features dynostore
 }
 

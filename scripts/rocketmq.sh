@@ -2,7 +2,7 @@
 # A real RocketMQ name server and broker for tests: rocketmq-namesrv and rocketmq-broker 1.0.0
 # (crates.io, the Rust re-implementation), every listener on 127.0.0.1.
 #
-#   scripts/rocketmq.sh install                 # build both into the tool cache once (about 9 min)
+#   scripts/rocketmq.sh install                 # build both into the tool cache once (about 4 min)
 #   scripts/rocketmq.sh start DIR               # name server + broker-a in DIR; waits until ready
 #   scripts/rocketmq.sh start-broker DIR NAMESRV [NAME]
 #                                               # one more broker (default broker-b) joining NAMESRV
@@ -30,7 +30,7 @@ install_rocketmq() {
   local crate
   for crate in rocketmq-namesrv rocketmq-broker; do
     installed "$EM_TOOLS/bin/$crate-rust" && continue
-    log "building $crate $ROCKETMQ_VERSION into $EM_TOOLS (once per machine, about 4 minutes)"
+    log "building $crate $ROCKETMQ_VERSION into $EM_TOOLS (once per machine, about 2 minutes)"
     # Shared with tansu's install target: the two brokers reuse most of each other's deps.
     cargo_install_tool "$crate" --version "$ROCKETMQ_VERSION"
   done

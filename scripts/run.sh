@@ -13,11 +13,14 @@ source "$(dirname "$0")/common.sh"
 ensure_build_deps
 cd "$REPO_ROOT"
 # The dev profile, as the tests use: the two README commands share one build of RocksDB and
-# every dependency (the first takes about 20 minutes on 2 cores, then the other reuses it). The
-# hot crates (tokio, h2, hyper, tonic, prost, ...) are optimised even there (Cargo.toml), which
-# keeps the demo fast; benchmarks build `--release` themselves.
-log "building (the first build compiles RocksDB: about 20 minutes on 2 cores, shared with scripts/test.sh)"
-cargo build --locked -p offset-svc -p puller-svc -p dispatcher-svc -p eventmesh-client --bins
+# every dependency. The hot crates (tokio, h2, hyper, tonic, prost, ...) are optimised even there
+# (.cargo/config.toml), which keeps the demo fast; benchmarks build `--release` themselves.
+# The selection is the one the test command resolves dependency features for — the whole
+# workspace, the SDK's `otel` feature, and the dev-dependencies (which `--examples` brings in) —
+# so scripts/test.sh and the test brokers reuse every dependency built here instead of building
+# about a hundred of them again with other features.
+log "building (the first build compiles RocksDB: about 13 minutes on 2 cores, shared with scripts/test.sh)"
+cargo build --workspace --locked --features eventmesh-client/otel --bins --examples
 BIN="$CARGO_TARGET_DIR/debug"
 DATA_DIR="${EM_DATA_DIR:-$REPO_ROOT/data}"
 mkdir -p "$DATA_DIR"
