@@ -157,15 +157,32 @@ fn etcd_prefix(etcd: &Etcd, prefix: &str) -> HashMap<String, String> {
         .collect()
 }
 
-async fn eventually(what: &str, wait: Duration, mut check: impl FnMut() -> bool) -> Duration {
+async fn eventually(what: &str, wait: Duration, check: impl FnMut() -> bool) -> Duration {
+    match within(wait, check).await {
+        Some(took) => took,
+        None => panic!("{what}: not within {wait:?}"),
+    }
+}
+
+/// How long until `check` holds, or `None` if not within `wait`.
+async fn within(wait: Duration, mut check: impl FnMut() -> bool) -> Option<Duration> {
     let started = Instant::now();
     loop {
         if check() {
-            return started.elapsed();
+            return Some(started.elapsed());
         }
-        assert!(started.elapsed() < wait, "{what}: not within {wait:?}");
+        if started.elapsed() >= wait {
+            return None;
+        }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+/// The last `lines` lines of a service's log on `node`, to explain a failure.
+fn log_tail(node: &Node, service: Service, lines: usize) -> String {
+    let log = std::fs::read_to_string(node.instance.log_file(service)).unwrap_or_default();
+    let all: Vec<&str> = log.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
 }
 
 async fn client(nodes: &[&Node], client_id: &str) -> Client {
@@ -737,12 +754,16 @@ async fn a_frozen_home_is_fenced_and_gives_its_group_up() {
         .unwrap();
     // Thawed, it registers again (a new lease) and serves no group it lost.
     let key = format!("/em/instances/{home}");
-    eventually(
-        "the thawed instance registers again",
-        Duration::from_secs(30),
-        || etcd_get(&etcd, &key).is_some(),
-    )
-    .await;
+    let wait = Duration::from_secs(30);
+    if within(wait, || etcd_get(&etcd, &key).is_some())
+        .await
+        .is_none()
+    {
+        panic!(
+            "the thawed instance registers again: not within {wait:?}; its dispatcher's log ends:\n{}",
+            log_tail(home_node, Service::Dispatcher, 40)
+        );
+    }
     tokio::time::sleep(Duration::from_secs(1)).await;
     let new_home = load.ledger.latest_instance().unwrap();
     let (new_first, _) = load.ledger.delivery_span(&new_home).unwrap();
