@@ -17,10 +17,10 @@ cd "$REPO_ROOT"
 output="$(mktemp)"
 rocketmq_dir=""
 finish() {
-  # The cluster lane, if the script ends before it does (interrupted).
-  if [ -n "${cluster_pid:-}" ] && kill -0 "$cluster_pid" 2>/dev/null; then
-    pkill -TERM -P "$cluster_pid" 2>/dev/null || true
-    kill -TERM "$cluster_pid" 2>/dev/null || true
+  # The side lane, if the script ends before it does (interrupted).
+  if [ -n "${side_pid:-}" ] && kill -0 "$side_pid" 2>/dev/null; then
+    pkill -TERM -P "$side_pid" 2>/dev/null || true
+    kill -TERM "$side_pid" 2>/dev/null || true
   fi
   [ -n "$rocketmq_dir" ] && bash "$REPO_ROOT/scripts/rocketmq.sh" stop "$rocketmq_dir"
   rm -rf "$output" "$rocketmq_dir"
@@ -41,28 +41,60 @@ status=0
 if [ $# -gt 0 ]; then
   "${cargo_test[@]}" "$@" 2>&1 | tee "$output" || status=$?
 else
-  # Two lanes. cargo runs test binaries one after another, and the slowest, cluster.rs (about
-  # 3 minutes), mostly waits on etcd leases and failovers at well under one core: it runs in a
-  # lane of its own beside everything else (every other test target, then the doc tests). Its
-  # output is shown when both lanes are done.
+  # Two lanes. cargo runs test binaries one after another, and the two slowest, cluster.rs and
+  # e2e_crash.rs (about 3 and 1 minutes: whole instances killed, frozen and failed over), mostly
+  # wait on etcd leases, restarts and timeouts at well under one core. They run one after the
+  # other in a lane of their own beside everything else (every other test target, then the doc
+  # tests); their output is shown when both lanes are done.
   "${cargo_test[@]}" --no-run 2>&1 | tee "$output" || exit $?
-  cluster_output="$(mktemp)"
-  "${cargo_test[@]}" --test cluster >"$cluster_output" 2>&1 &
-  cluster_pid=$!
-  # Every test target but cluster, by name from the workspace's metadata (a new test file joins
-  # this lane by itself).
+  side_lane=(cluster e2e_crash)
+  # The side lane runs its binaries as cargo would (from the package directory, with
+  # CARGO_MANIFEST_DIR), not through cargo: `cargo test --test cluster` alone resolves the
+  # build-dependencies' features otherwise than the whole workspace does, so it would rebuild tens
+  # of crates (55 s on a fresh machine) while holding the target directory's lock.
+  mapfile -t side_runs < <("${cargo_test[@]}" --no-run --message-format=json 2>/dev/null |
+    python3 -c '
+import json, os, sys
+wanted = sys.argv[1:]
+found = {}
+for line in sys.stdin:
+    message = json.loads(line)
+    target = message.get("target", {})
+    if message.get("reason") == "compiler-artifact" and "test" in target.get("kind", []) \
+            and target.get("name") in wanted and message.get("executable"):
+        found[target["name"]] = (os.path.dirname(message["manifest_path"]), message["executable"])
+for name in wanted:
+    print("\t".join((name,) + found[name]))' "${side_lane[@]}")
+  if [ "${#side_runs[@]}" -ne "${#side_lane[@]}" ]; then
+    echo "test.sh: the test binaries of ${side_lane[*]} were not found in cargo's build output" >&2
+    exit 1
+  fi
+  side_output="$(mktemp)"
+  (
+    lane_status=0
+    for run in "${side_runs[@]}"; do
+      IFS=$'\t' read -r name dir executable <<<"$run"
+      echo "     Running tests/$name.rs ($executable)"
+      (cd "$dir" && CARGO_MANIFEST_DIR="$dir" exec "$executable") || lane_status=$?
+    done
+    exit "$lane_status"
+  ) >"$side_output" 2>&1 &
+  side_pid=$!
+  # Every other test target, by name from the workspace's metadata (a new test file joins this
+  # lane by itself).
   mapfile -t other_targets < <(cargo metadata --no-deps --format-version 1 --locked | python3 -c '
 import json, sys
+side = set(sys.argv[1:])
 names = {t["name"] for p in json.load(sys.stdin)["packages"] for t in p["targets"]
-         if "test" in t["kind"] and t["name"] != "cluster"}
+         if "test" in t["kind"] and t["name"] not in side}
 for name in sorted(names):
-    print("--test"); print(name)')
+    print("--test"); print(name)' "${side_lane[@]}")
   "${cargo_test[@]}" --lib --bins "${other_targets[@]}" 2>&1 | tee -a "$output" || status=$?
   "${cargo_test[@]}" --doc 2>&1 | tee -a "$output" || status=$?
-  wait "$cluster_pid" || status=$?
-  log "cluster.rs (ran beside the others)"
-  tee -a "$output" <"$cluster_output"
-  rm -f "$cluster_output"
+  wait "$side_pid" || status=$?
+  log "${side_lane[*]} (ran beside the others)"
+  tee -a "$output" <"$side_output"
+  rm -f "$side_output"
 fi
 # cargo's last lines are per-crate doc-test results (often "0 passed"); close with the total.
 awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed;?$/) p += $i; if ($(i+1) ~ /^failed;?$/) f += $i } }
