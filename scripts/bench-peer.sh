@@ -30,6 +30,9 @@ while [ $# -gt 0 ]; do
 done
 
 ensure_build_deps
+# cargo from the checkout, wherever this is run from: the toolchain pin and .cargo/config.toml
+# apply there only.
+cd "$REPO_ROOT"
 log "building the services, emctl and jetstream-bench ($profile)"
 cargo build -q --profile "$profile" -p offset-svc -p puller-svc -p dispatcher-svc \
   -p eventmesh-client -p eventmesh-peer-bench --bins
