@@ -31,7 +31,7 @@ install_rocketmq() {
   for crate in rocketmq-namesrv rocketmq-broker; do
     installed "$EM_TOOLS/bin/$crate-rust" && continue
     log "building $crate $ROCKETMQ_VERSION into $EM_TOOLS (once per machine, about 2 minutes)"
-    # Shared with tansu's install target: the two brokers reuse most of each other's deps.
+    # Into the workspace's target directory (cargo_install_tool): both reuse the deps built there.
     cargo_install_tool "$crate" --version "$ROCKETMQ_VERSION"
   done
 }
