@@ -19,7 +19,7 @@ cd "$REPO_ROOT"
 # workspace, the SDK's `otel` feature, and the dev-dependencies (which `--examples` brings in) —
 # so scripts/test.sh and the test brokers reuse every dependency built here instead of building
 # about a hundred of them again with other features.
-log "building (the first build compiles RocksDB: about 16 minutes on 2 cores, shared with scripts/test.sh)"
+log "building (the first build compiles RocksDB: about 13 minutes on 2 cores, shared with scripts/test.sh)"
 cargo build --workspace --locked --features eventmesh-client/otel --bins --examples
 BIN="$CARGO_TARGET_DIR/debug"
 DATA_DIR="${EM_DATA_DIR:-$REPO_ROOT/data}"
