@@ -347,7 +347,7 @@ impl RocketMqClient {
     /// crate's compile took 156 s instead of 89.
     pub fn call<T, F>(
         &self,
-        what: &str,
+        what: &'static str,
         timeout: Duration,
         work: F,
     ) -> impl Future<Output = Result<T, StorageError>> + Send + 'static
@@ -356,7 +356,6 @@ impl RocketMqClient {
         F: Future<Output = Result<T, StorageError>> + Send + 'static,
     {
         let task = self.spawner.spawn(work);
-        let what = what.to_owned();
         async move {
             match tokio::time::timeout(timeout, task).await {
                 Ok(Ok(result)) => result,
