@@ -9,14 +9,16 @@
 # latency (publish → delivery after a quiet spell, 200 samples).
 #
 #   scripts/bench-peer.sh [--events N] [--rounds R] [--sizes 256,1024] [--streams 1,8]
-#                         [--profile release|dev] [--sync]
+#                         [--profile release|dev] [--sync] [--dispatcher-arg=FLAG]...
 #
 # --sync: our local log fsyncs every append write (per batch and partition); JetStream keeps its
-# default (its file store does not fsync every write). Builds what it runs (cargo, --profile),
+# default (its file store does not fsync every write). --dispatcher-arg passes a flag to our
+# dispatcher-svc (e.g. --dispatcher-arg=--group-shards=1). Builds what it runs (cargo, --profile),
 # installs and starts nats-server (scripts/nats.sh) in a fresh directory, stops it at the end.
 source "$(dirname "$0")/common.sh"
 
 events=200000 rounds=5 sizes=256,1024 streams=1,8 profile=release sync=false
+dispatcher_args=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --events) events="$2"; shift 2 ;;
@@ -25,6 +27,7 @@ while [ $# -gt 0 ]; do
     --streams) streams="$2"; shift 2 ;;
     --profile) profile="$2"; shift 2 ;;
     --sync) sync=true; shift ;;
+    --dispatcher-arg=*) dispatcher_args+=("$1"); shift ;;
     *) echo "unknown option $1 (see the header of $0)" >&2; exit 2 ;;
   esac
 done
@@ -50,7 +53,7 @@ for size in ${sizes//,/ }; do
       log "size $size B, $stream_count streams, round $round/$rounds: ours"
       "$bin_dir/emctl" bench --events "$events" --sizes "$size" --streams "$stream_count" \
         --data-dir "$work" --bin-dir "$bin_dir" --puller-arg="--sync-appends=$sync" --json \
-        --idle-samples 0 \
+        --idle-samples 0 "${dispatcher_args[@]}" \
         | sed "s/^{/{\"side\":\"ours\",\"round\":$round,\"sync\":$sync,/" | tee -a "$results"
       log "size $size B, $stream_count streams, round $round/$rounds: jetstream"
       "$bin_dir/jetstream-bench" --url "$nats_url" --server-pid "$nats_pid" --events "$events" \
@@ -62,7 +65,7 @@ done
 
 log "idle first event: ours"
 "$bin_dir/emctl" bench --idle-only --idle-samples 200 --data-dir "$work" --bin-dir "$bin_dir" \
-  --puller-arg="--sync-appends=$sync" --json \
+  --puller-arg="--sync-appends=$sync" --json "${dispatcher_args[@]}" \
   | sed "s/^{/{\"side\":\"ours\",\"sync\":$sync,/" | tee -a "$results"
 
 python3 - "$results" <<'PY'

@@ -159,6 +159,9 @@ pub struct DeliverySettings {
     pub ack_flush_ms: u64,
     /// Records asked for per pull.
     pub pull_batch: u32,
+    /// Actors one subscription group's partitions are spread over (`crate::shard`); 0: one
+    /// per core. Never more than the topic's partitions or 64.
+    pub group_shards: u32,
     /// fsync offset writes (node-loss durability).
     pub sync_offsets: bool,
     /// Longest NACK delay a client may ask for, ms (longer ones are capped, and said so).
@@ -221,6 +224,7 @@ impl Default for DeliverySettings {
             group_grace_ms: 60_000,
             ack_flush_ms: 0,
             pull_batch: 512,
+            group_shards: 0,
             sync_offsets: false,
             max_nack_delay_ms: 600_000,
             max_extend_ms: 600_000,
@@ -285,6 +289,18 @@ impl DeliverySettings {
         }
     }
 
+    /// How many shards a group of a topic with `partitions` partitions gets.
+    pub fn shards_for(&self, partitions: usize) -> usize {
+        let wanted = match self.group_shards {
+            0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+            n => n as usize,
+        };
+        wanted
+            .min(partitions)
+            .min(crate::shard::MAX_SHARDS as usize)
+            .max(1)
+    }
+
     fn validate(&self) -> Result<(), ConfigError> {
         let positive = [
             ("ack_timeout_ms", self.ack_timeout_ms),
@@ -306,6 +322,12 @@ impl DeliverySettings {
                     message: "must be at least 1".into(),
                 });
             }
+        }
+        if self.group_shards > crate::shard::MAX_SHARDS {
+            return Err(ConfigError::Invalid {
+                key: "group_shards",
+                message: format!("must be at most {}", crate::shard::MAX_SHARDS),
+            });
         }
         if self.backoff_max_ms < self.backoff_base_ms {
             return Err(ConfigError::Invalid {
@@ -388,6 +410,9 @@ pub struct Args {
     /// Records per pull [default: 512].
     #[arg(long, env = "EM_DISPATCHER_PULL_BATCH")]
     pub pull_batch: Option<u32>,
+    /// Actors a group's partitions are spread over; 0: one per core [default: 0].
+    #[arg(long, env = "EM_DISPATCHER_GROUP_SHARDS")]
+    pub group_shards: Option<u32>,
     /// fsync offset writes.
     #[arg(long, env = "EM_DISPATCHER_SYNC_OFFSETS")]
     pub sync_offsets: Option<bool>,
@@ -498,6 +523,7 @@ impl ServiceArgs for Args {
         apply(&mut d.group_grace_ms, self.group_grace_ms);
         apply(&mut d.ack_flush_ms, self.ack_flush_ms);
         apply(&mut d.pull_batch, self.pull_batch);
+        apply(&mut d.group_shards, self.group_shards);
         apply(&mut d.sync_offsets, self.sync_offsets);
         apply(&mut d.max_nack_delay_ms, self.max_nack_delay_ms);
         apply(&mut d.max_extend_ms, self.max_extend_ms);

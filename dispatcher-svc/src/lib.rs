@@ -43,4 +43,5 @@ pub mod registry;
 pub mod responses;
 pub mod server;
 pub mod service;
+pub mod shard;
 pub mod watermark;

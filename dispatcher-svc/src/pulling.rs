@@ -1,8 +1,9 @@
 //! A group's pull loop and the continuity rule it enforces (DESIGN §6 "Continuity").
 //!
 //! The loop reserves topic budget, long-polls the group's reader in puller-svc and hands each
-//! batch to the group's actor. It pauses while the group has no session or offset writes are
-//! failing, and ends with the group.
+//! batch to the group's actor — to each shard of the group its part ([`crate::shard::split`]).
+//! It pauses while the group has no session or offset writes are failing, and ends with the
+//! group.
 //!
 //! **Continuity.** Per partition the loop knows where the next batch must start
 //! ([`Positions`]): the position the group was attached at, then the `next` of every batch it
@@ -36,9 +37,10 @@ use eventmesh_proto::puller::{
 use tokio::sync::{mpsc, watch};
 
 use crate::batching::Backoff;
-use crate::budget::{TopicBudget, kib_cost};
+use crate::budget::{Charge, TopicBudget, kib_cost};
 use crate::group::{GroupCmd, PullGate};
 use crate::registry::{GroupKey, Shared};
+use crate::shard::split;
 
 /// Status metadata naming the dispatcher that holds a reader (set by puller-svc).
 pub const HOLDER_METADATA: &str = "em-reader-holder";
@@ -167,7 +169,7 @@ async fn gate_open(gate: &mut watch::Receiver<PullGate>) -> bool {
 pub(crate) async fn pull_loop(
     shared: Arc<Shared>,
     key: GroupKey,
-    group: mpsc::UnboundedSender<GroupCmd>,
+    group: Arc<[mpsc::UnboundedSender<GroupCmd>]>,
     gate: watch::Receiver<PullGate>,
     budget: Arc<TopicBudget>,
     positions: Positions,
@@ -187,7 +189,7 @@ pub(crate) async fn pull_loop(
 async fn run(
     shared: Arc<Shared>,
     key: GroupKey,
-    group: mpsc::UnboundedSender<GroupCmd>,
+    group: Arc<[mpsc::UnboundedSender<GroupCmd>]>,
     mut gate: watch::Receiver<PullGate>,
     budget: Arc<TopicBudget>,
     mut positions: Positions,
@@ -225,12 +227,14 @@ async fn run(
                     if let Some(holder) = status.metadata().get(HOLDER_METADATA) {
                         let holder = holder.to_str().unwrap_or("another dispatcher").to_owned();
                         tracing::warn!(group = %key, holder, "the group's reader was attached by another dispatcher; this instance gives the group up");
-                        let _ = group.send(GroupCmd::End {
-                            status: tonic::Status::unavailable(format!(
-                                "subscription group {key} is now served by dispatcher {holder}; reconnect"
-                            )),
-                            reply: None,
-                        });
+                        for shard in group.iter() {
+                            let _ = shard.send(GroupCmd::End {
+                                status: tonic::Status::unavailable(format!(
+                                    "subscription group {key} is now served by dispatcher {holder}; reconnect"
+                                )),
+                                reply: None,
+                            });
+                        }
                         return;
                     }
                     // Not attached: puller-svc restarted. Attach again where we are.
@@ -282,17 +286,54 @@ async fn run(
         }
         metrics::counter!("dispatcher_pulled_records_total", "topic" => key.topic.to_string())
             .increment(pulled.records.len() as u64);
-        if group
-            .send(GroupCmd::Pulled {
-                batch: pulled,
-                charge,
-            })
-            .is_err()
-        {
-            budget.release(&label, charge);
+        if !hand_over(&group, pulled, charge, &budget, &label) {
             return;
         }
     }
+}
+
+/// Hands a batch to the group (each shard its part, with the budget its records hold; what
+/// the batch did not fill goes back). `false` when a shard has ended: what it did not take
+/// goes back too, and the loop ends with the group.
+fn hand_over(
+    group: &[mpsc::UnboundedSender<GroupCmd>],
+    batch: PullResponse,
+    charge: Charge,
+    budget: &TopicBudget,
+    label: &str,
+) -> bool {
+    if let [only] = group {
+        if let Err(refused) = only.send(GroupCmd::Pulled { batch, charge }) {
+            if let GroupCmd::Pulled { charge, .. } = refused.0 {
+                budget.release(label, charge);
+            }
+            return false;
+        }
+        return true;
+    }
+    let mut left = charge;
+    let mut taken = true;
+    for (shard, part) in group.iter().zip(split(batch, group.len())) {
+        let Some((batch, part_charge)) = part else {
+            continue;
+        };
+        left.records = left.records.saturating_sub(part_charge.records);
+        left.kib = left.kib.saturating_sub(part_charge.kib);
+        if shard
+            .send(GroupCmd::Pulled {
+                batch,
+                charge: part_charge,
+            })
+            .is_err()
+        {
+            budget.release(label, part_charge);
+            taken = false;
+        }
+    }
+    if left != Charge::default() {
+        budget.release(label, left);
+    }
+    taken
 }
 
 /// Partitions that appeared after the group was attached start at their log start (the

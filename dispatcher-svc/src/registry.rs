@@ -57,10 +57,11 @@ use crate::cluster::mirror::Recorded;
 use crate::config::DeliverySettings;
 use crate::dead_letters::DeadLetterWriter;
 use crate::error::DispatcherError;
-use crate::group::{self, GroupCmd, GroupInit, GroupReport, SessionLink};
+use crate::group::{self, GroupCmd, GroupInit, GroupReport, SessionLink, ShardInit};
 use crate::limits::{ConnectionStreams, PublishLimit};
 use crate::offset_writer::OffsetWriter;
 use crate::pulling::{Positions, pull_loop, reader_positions, rewind_targets};
+use crate::shard::{GateBoard, shard_of};
 
 /// Calls made while creating a group give up after this.
 const CREATE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -112,35 +113,85 @@ pub struct GroupSnapshot {
     pub report: GroupReport,
 }
 
-/// A live group.
+/// One shard (actor) of a live group ([`crate::shard`]).
 #[derive(Debug, Clone)]
-pub struct GroupHandle {
+pub struct ShardHandle {
     /// Its number in delivery ids.
     pub number: u64,
-    /// Which group.
-    pub key: GroupKey,
     /// Its actor.
     pub commands: mpsc::UnboundedSender<GroupCmd>,
     /// Becomes `true` when the actor has ended.
     pub ended: watch::Receiver<bool>,
-    /// The group's latest report of itself.
+    /// The shard's latest report of itself.
     pub report: watch::Receiver<GroupReport>,
+}
+
+/// A live group: one or more shards.
+#[derive(Debug, Clone)]
+pub struct GroupHandle {
+    /// Its first shard's number: tells this life of the group from later ones.
+    pub number: u64,
+    /// Which group.
+    pub key: GroupKey,
+    /// Its shards, by index.
+    pub shards: Arc<[ShardHandle]>,
     /// The `group` label of its metrics.
     pub metric_label: Arc<str>,
 }
 
 impl GroupHandle {
-    /// Waits until the actor has ended.
+    /// Sends every shard the command `make` makes (a shard that ended is skipped).
+    pub fn send_all(&self, make: impl Fn() -> GroupCmd) {
+        for shard in self.shards.iter() {
+            let _ = shard.commands.send(make());
+        }
+    }
+
+    /// Waits until every shard has ended.
     pub async fn wait_ended(&self) {
-        let mut ended = self.ended.clone();
-        let _ = ended.wait_for(|ended| *ended).await;
+        for shard in self.shards.iter() {
+            let mut ended = shard.ended.clone();
+            let _ = ended.wait_for(|ended| *ended).await;
+        }
+    }
+
+    /// The group's latest report: its shards' reports merged.
+    pub fn report(&self) -> GroupReport {
+        GroupReport::merge(self.shards.iter().map(|s| s.report.borrow().clone()))
+    }
+
+    /// Joins `session` to every shard; `false` (and no shard keeps it) when one refused
+    /// because it is closing.
+    async fn join(&self, session: &SessionLink) -> bool {
+        for (joined, shard) in self.shards.iter().enumerate() {
+            let (reply, answer) = oneshot::channel();
+            let sent = shard.commands.send(GroupCmd::Join {
+                session: session.clone(),
+                reply,
+            });
+            if sent.is_err() || answer.await != Ok(true) {
+                for earlier in &self.shards[..joined] {
+                    let _ = earlier.commands.send(GroupCmd::Leave {
+                        session: session.id,
+                    });
+                }
+                return false;
+            }
+        }
+        true
+    }
+
+    /// The session left: every shard hands back what it held of it.
+    pub fn leave(&self, session: u64) {
+        self.send_all(|| GroupCmd::Leave { session });
     }
 }
 
 #[derive(Default)]
 struct Groups {
     by_key: HashMap<GroupKey, GroupHandle>,
-    by_number: HashMap<u64, GroupHandle>,
+    /// Each live shard's commands, by its number (what a delivery id names).
+    by_number: HashMap<u64, mpsc::UnboundedSender<GroupCmd>>,
 }
 
 /// What every group and session of the instance shares.
@@ -287,8 +338,8 @@ impl Shared {
         self.next_session.fetch_add(1, Ordering::Relaxed)
     }
 
-    /// The live group with this number.
-    pub fn group_by_number(&self, number: u64) -> Option<GroupHandle> {
+    /// The commands of the live group shard with this number.
+    pub fn shard_by_number(&self, number: u64) -> Option<mpsc::UnboundedSender<GroupCmd>> {
         self.lock_groups().by_number.get(&number).cloned()
     }
 
@@ -330,7 +381,7 @@ impl Shared {
             .map(|handle| GroupSnapshot {
                 key: handle.key.clone(),
                 metric_label: Arc::clone(&handle.metric_label),
-                report: handle.report.borrow().clone(),
+                report: handle.report(),
             })
             .collect();
         reports.sort_by(|a, b| {
@@ -353,8 +404,8 @@ impl Shared {
     /// Ends one live group now: its sessions end with `status`; nothing unsettled is retired.
     pub fn end_group(&self, key: &GroupKey, status: tonic::Status) {
         if let Some(handle) = self.group(key) {
-            let _ = handle.commands.send(GroupCmd::End {
-                status,
+            handle.send_all(|| GroupCmd::End {
+                status: status.clone(),
                 reply: None,
             });
         }
@@ -363,21 +414,44 @@ impl Shared {
     /// Ends every live group now (the instance lost its lease).
     pub fn end_all(&self, status: tonic::Status) {
         for handle in self.lock_groups().by_key.values() {
-            let _ = handle.commands.send(GroupCmd::End {
+            handle.send_all(|| GroupCmd::End {
                 status: status.clone(),
                 reply: None,
             });
         }
     }
 
-    /// Called by a group actor as it ends.
-    pub(crate) fn group_ended(self: &Arc<Self>, key: &GroupKey, number: u64) {
+    /// Called by a group shard's actor as it ends; `true` when it was the group's last (then
+    /// the group is gone, and [`Shared::group_ended`] must follow). The group's other shards
+    /// are told to end too ([`GroupCmd::SiblingEnded`]): a group lives and dies as one.
+    pub(crate) fn shard_ended(&self, key: &GroupKey, number: u64) -> bool {
         let mut groups = self.lock_groups();
-        if groups.by_key.get(key).is_some_and(|h| h.number == number) {
-            groups.by_key.remove(key);
-        }
         groups.by_number.remove(&number);
-        drop(groups);
+        let Some(handle) = groups
+            .by_key
+            .get(key)
+            .filter(|h| h.shards.iter().any(|s| s.number == number))
+            .cloned()
+        else {
+            // Not the live group of its key (it ended before it was listed): nothing else of
+            // it is listed either.
+            return true;
+        };
+        if handle
+            .shards
+            .iter()
+            .any(|s| groups.by_number.contains_key(&s.number))
+        {
+            drop(groups);
+            handle.send_all(|| GroupCmd::SiblingEnded);
+            return false;
+        }
+        groups.by_key.remove(key);
+        true
+    }
+
+    /// Called by a group's last actor as it ends.
+    pub(crate) fn group_ended(self: &Arc<Self>, key: &GroupKey) {
         self.drop_budget_if_unused(&key.topic);
         eventmesh_common::metrics::forget_group_label(&key.label());
         // The home goes when the group does, unless the instance is shutting down: then the
@@ -430,14 +504,14 @@ impl Shared {
     /// Drains every group (the start of a graceful stop; [`GroupCmd::Drain`]).
     pub fn drain_all(&self) {
         for handle in self.lock_groups().by_key.values() {
-            let _ = handle.commands.send(GroupCmd::Drain);
+            handle.send_all(|| GroupCmd::Drain);
         }
     }
 
     /// Stops every group (instance shutdown).
     pub fn stop_all(&self) {
         for handle in self.lock_groups().by_key.values() {
-            let _ = handle.commands.send(GroupCmd::Stop);
+            handle.send_all(|| GroupCmd::Stop);
         }
     }
 
@@ -463,12 +537,7 @@ impl Shared {
                     }
                 }
             };
-            let (reply, answer) = oneshot::channel();
-            let sent = handle.commands.send(GroupCmd::Join {
-                session: session.clone(),
-                reply,
-            });
-            if sent.is_ok() && answer.await == Ok(true) {
+            if handle.join(&session).await {
                 return Ok(handle);
             }
             // The group is closing: wait for it to end, then create a new one.
@@ -623,24 +692,54 @@ impl Shared {
             .iter()
             .map(|(p, next)| (p.clone(), next - 1))
             .collect();
-        let number = self.next_group.fetch_add(1, Ordering::Relaxed);
         let budget = self.budget(&key.topic);
         budget.join(&key.label());
-        let started = group::spawn(
-            Arc::clone(self),
-            GroupInit {
-                key: key.clone(),
+        let count = self.settings.shards_for(positions.len());
+        let (gate, gate_rx) = GateBoard::new(count);
+        let (senders, receivers): (Vec<_>, Vec<_>) =
+            (0..count).map(|_| mpsc::unbounded_channel()).unzip();
+        let siblings: Arc<[mpsc::UnboundedSender<GroupCmd>]> = senders.into();
+        let mut shards = Vec::with_capacity(count);
+        let mut metric_label: Arc<str> = Arc::from("");
+        for (index, commands) in receivers.into_iter().enumerate() {
+            let number = self.next_group.fetch_add(1, Ordering::Relaxed);
+            // Each shard knows only its own partitions' starting points.
+            let own = |values: &HashMap<PartitionId, i64>| -> HashMap<PartitionId, i64> {
+                values
+                    .iter()
+                    .filter(|(partition, _)| shard_of(partition.as_str(), count) == index)
+                    .map(|(partition, value)| (partition.clone(), *value))
+                    .collect()
+            };
+            let started = group::spawn(
+                Arc::clone(self),
+                GroupInit {
+                    key: key.clone(),
+                    number,
+                    seeds: own(&seeds),
+                    lost: own(&lost),
+                    budget: Arc::clone(&budget),
+                    shard: ShardInit {
+                        index,
+                        siblings: Arc::clone(&siblings),
+                        commands,
+                        gate: Arc::clone(&gate),
+                    },
+                },
+            );
+            metric_label = started.metric_label;
+            shards.push(ShardHandle {
                 number,
-                seeds,
-                lost,
-                budget: Arc::clone(&budget),
-            },
-        );
+                commands: siblings[index].clone(),
+                ended: started.ended,
+                report: started.report,
+            });
+        }
         tokio::spawn(pull_loop(
             Arc::clone(self),
             key.clone(),
-            started.commands.clone(),
-            started.gate,
+            Arc::clone(&siblings),
+            gate_rx,
             budget,
             Positions {
                 next: positions,
@@ -648,17 +747,19 @@ impl Shared {
             },
         ));
         let handle = GroupHandle {
-            number,
+            number: shards[0].number,
             key: key.clone(),
-            commands: started.commands,
-            ended: started.ended,
-            report: started.report,
-            metric_label: started.metric_label,
+            shards: shards.into(),
+            metric_label,
         };
         let mut groups = self.lock_groups();
         groups.by_key.insert(key.clone(), handle.clone());
-        groups.by_number.insert(number, handle.clone());
-        tracing::info!(group = %key, number, ?start, "subscription group created; its reader attached");
+        for shard in handle.shards.iter() {
+            groups
+                .by_number
+                .insert(shard.number, shard.commands.clone());
+        }
+        tracing::info!(group = %key, number = handle.number, shards = count, ?start, "subscription group created; its reader attached");
         Ok(handle)
     }
 
@@ -730,11 +831,16 @@ impl Shared {
             let Some(handle) = self.group(key) else {
                 continue;
             };
-            let (reply, count) = oneshot::channel();
-            let _ = handle.commands.send(GroupCmd::End {
-                status: status.clone(),
-                reply: Some(reply),
-            });
+            // Every shard ends the same sessions: they are counted once.
+            let mut counts = Vec::with_capacity(handle.shards.len());
+            for shard in handle.shards.iter() {
+                let (reply, count) = oneshot::channel();
+                let _ = shard.commands.send(GroupCmd::End {
+                    status: status.clone(),
+                    reply: Some(reply),
+                });
+                counts.push(count);
+            }
             if tokio::time::timeout(STOP_TIMEOUT, handle.wait_ended())
                 .await
                 .is_err()
@@ -742,7 +848,11 @@ impl Shared {
                 tracing::error!(group = %key, "group did not end in time for an offset change");
                 return None;
             }
-            sessions += count.await.unwrap_or(0);
+            let mut ended = 0;
+            for count in counts {
+                ended = ended.max(count.await.unwrap_or(0));
+            }
+            sessions += ended;
         }
         // The writer works through its queue in order: once this empty job is durable, so
         // is everything the groups submitted before they ended.

@@ -21,6 +21,7 @@ use eventmesh_common::keys::{ClientId, GroupName, Topic};
 use eventmesh_common::shutdown::CancellationToken;
 use eventmesh_common::status::FieldError;
 use eventmesh_common::trace_context::{self, Operation, TRACEPARENT, entry_span};
+use eventmesh_proto::DRAINING_METADATA;
 use eventmesh_proto::client as pb;
 use eventmesh_proto::client::event_mesh_service_server::EventMeshService;
 use eventmesh_proto::client::{
@@ -39,7 +40,7 @@ use crate::cluster::load::Asker;
 use crate::delivery_id::DeliveryId;
 use crate::error::DispatcherError;
 use crate::event::encode_for_publish;
-use crate::group::{GroupCmd, Outbound, SessionLink, SettleOp};
+use crate::group::{Credits, GroupCmd, Outbound, SessionLink, SettleOp};
 use crate::registry::{GroupKey, Shared};
 use crate::responses::Responses;
 
@@ -462,7 +463,7 @@ impl EventMeshService for EventMeshGrpc {
             id: session_id,
             client: session.client.clone(),
             out: out_tx.clone(),
-            max_in_flight: session.max_in_flight,
+            credits: Arc::new(Credits::new(session.max_in_flight)),
         };
         let client = session.client.as_str();
         let limit = settings.max_sessions_per_client;
@@ -499,8 +500,9 @@ impl EventMeshService for EventMeshGrpc {
             client: session.client,
             out_tx,
             responses,
+            shards: handle.shards.len(),
         };
-        let group = handle.commands.clone();
+        let group = handle.clone();
         let shutdown = self.shutdown.clone();
         let meter = Arc::clone(&self.shared.meter);
         tokio::spawn(
@@ -508,9 +510,7 @@ impl EventMeshService for EventMeshGrpc {
                 task.run(inbound, out_rx, shutdown).await;
                 drop(stream_slot);
                 meter.session_closed(task.client.as_str());
-                let _ = group.send(GroupCmd::Leave {
-                    session: session_id,
-                });
+                group.leave(session_id);
                 tracing::info!("session closed");
             }
             .instrument(span),
@@ -531,6 +531,8 @@ struct SessionTask {
     client: ClientId,
     out_tx: mpsc::UnboundedSender<Outbound>,
     responses: mpsc::Sender<Outbound>,
+    /// Shards of its group: a drain ends the session once every one of them said so.
+    shards: usize,
 }
 
 impl SessionTask {
@@ -541,10 +543,22 @@ impl SessionTask {
         shutdown: CancellationToken,
     ) {
         let mut drain_until = None;
+        let mut drained_shards = 0;
         loop {
             tokio::select! {
                 outbound = out_rx.recv() => {
                     let Some(outbound) = outbound else { return };
+                    // A drained shard has nothing of this session left unsettled; the session
+                    // moves once every shard of its group is drained (the others may still
+                    // wait for its ACKs).
+                    if let Outbound::End(status) = &outbound
+                        && status.metadata().get(DRAINING_METADATA).is_some()
+                    {
+                        drained_shards += 1;
+                        if drained_shards < self.shards {
+                            continue;
+                        }
+                    }
                     let ends = matches!(outbound, Outbound::End(_));
                     // Waits while the client does not read: then its messages are not read
                     // either, which bounds what it can make us queue.
@@ -624,10 +638,10 @@ impl SessionTask {
         if id.epoch != self.shared.epoch {
             return unknown("not issued by this instance since its last start");
         }
-        let Some(group) = self.shared.group_by_number(id.group) else {
+        let Some(shard) = self.shared.shard_by_number(id.group) else {
             return unknown("its subscription group has ended on this instance");
         };
-        let _ = group.commands.send(GroupCmd::Settle {
+        let _ = shard.send(GroupCmd::Settle {
             op,
             id,
             raw_id,

@@ -7,11 +7,11 @@
 
 mod support;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use eventmesh_proto::client::{AckOutcome, SubscriptionMode};
+use eventmesh_proto::client::{AckOutcome, Delivery, SubscriptionMode};
 use support::*;
 
 const WAIT: Duration = Duration::from_secs(10);
@@ -24,6 +24,11 @@ struct Neighbours {
 
 impl Neighbours {
     async fn start(topic: &str) -> Neighbours {
+        Neighbours::start_with(topic, 1).await
+    }
+
+    /// With `topic` made of `partitions` partitions.
+    async fn start_with(topic: &str, partitions: u32) -> Neighbours {
         let dir = tempfile::tempdir().unwrap();
         let offset_svc =
             start_offset_svc(&dir.path().join("offsets"), "127.0.0.1:0".parse().unwrap()).await;
@@ -34,7 +39,7 @@ impl Neighbours {
         client
             .create_topic(eventmesh_proto::puller::CreateTopicRequest {
                 topic: topic.into(),
-                partitions: 1,
+                partitions,
                 implicit: false,
             })
             .await
@@ -47,10 +52,15 @@ impl Neighbours {
     }
 
     fn dispatcher(&self, crash_at: Option<&str>) -> Dispatcher {
-        Dispatcher::start(
+        self.dispatcher_with(crash_at, &[])
+    }
+
+    fn dispatcher_with(&self, crash_at: Option<&str>, flags: &[&str]) -> Dispatcher {
+        Dispatcher::start_with(
             self.puller.local_addr(),
             self.offset_svc.local_addr(),
             crash_at,
+            flags,
         )
     }
 
@@ -155,6 +165,111 @@ async fn kill_minus_nine_after_out_of_order_acks_brings_back_every_unacked_event
     assert_eq!(again.len(), 7, "{seen:?}");
     session.ack_durably(&again).await;
     assert_eq!(neighbours.watermark(topic).await, Some(9));
+}
+
+/// A group spread over two shards (`--group-shards 2`; of 4 partitions shard 0 owns 0 and 2,
+/// shard 1 owns 1 and 3). ACKs arrive out of order within partitions and interleaved across
+/// shards; then `kill -9`. Every partition comes back from its own stored watermark: what was
+/// answered DURABLE never comes back, everything else (un-ACKed, or ACKed above a gap and so
+/// never answered DURABLE) comes back exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_minus_nine_of_a_sharded_group_brings_back_exactly_what_each_partition_did_not_settle()
+{
+    let topic = "sharded";
+    let neighbours = Neighbours::start_with(topic, 4).await;
+    let sharded = ["--group-shards", "2"];
+    let mut dispatcher = neighbours.dispatcher_with(None, &sharded);
+    publish_via(dispatcher.addr, topic, 0..80).await;
+    let mut session = subscribe(dispatcher.addr, lb(topic)).await;
+    let delivered = session.deliveries(80, WAIT).await;
+    assert_eq!(delivered.len(), 80);
+    let issuers: BTreeSet<&str> = delivered
+        .iter()
+        .map(|d| d.delivery_id.split('.').nth(1).unwrap())
+        .collect();
+    assert_eq!(issuers.len(), 2, "two shards issue the deliveries");
+    let mut by_partition: BTreeMap<String, BTreeMap<i64, Delivery>> = BTreeMap::new();
+    for d in &delivered {
+        by_partition
+            .entry(d.partition.clone())
+            .or_default()
+            .insert(d.offset, d.clone());
+    }
+    assert_eq!(by_partition.len(), 4);
+    for (partition, deliveries) in &by_partition {
+        assert!(
+            deliveries.len() >= 6,
+            "partition {partition}: {deliveries:?}"
+        );
+        assert_eq!(
+            deliveries.keys().copied().collect::<Vec<_>>(),
+            (0..deliveries.len() as i64).collect::<Vec<_>>()
+        );
+    }
+    let at = |partition: &str, offset: i64| by_partition[partition][&offset].clone();
+    // Offsets 1 then 0 of every partition, partitions in the order 3, 0, 1, 2 (shards 1, 0,
+    // 1, 0): offset 1 waits for 0 in each, then both are DURABLE.
+    let mut settled = Vec::new();
+    for offset in [1, 0] {
+        for partition in ["3", "0", "1", "2"] {
+            settled.push(at(partition, offset));
+        }
+    }
+    session.ack_durably(&settled).await;
+    // Offsets 4 and 3 of every partition, above the gap at 2: accepted, never DURABLE.
+    let mut above_gap = Vec::new();
+    for partition in ["2", "1", "0", "3"] {
+        above_gap.push(at(partition, 4));
+        above_gap.push(at(partition, 3));
+    }
+    let ids: Vec<&str> = above_gap.iter().map(|d| d.delivery_id.as_str()).collect();
+    session.ack(&ids).await;
+    // A repeated ACK to each shard is answered after that shard took the ones before it.
+    session
+        .ack(&[&at("0", 0).delivery_id, &at("1", 0).delivery_id])
+        .await;
+    let results = session.results(2, WAIT).await;
+    assert_eq!(
+        results.iter().map(|r| r.outcome()).collect::<Vec<_>>(),
+        [AckOutcome::AlreadySettled, AckOutcome::AlreadySettled],
+        "ACKs above the gaps are not DURABLE: {results:?}"
+    );
+    let stored = stored_offsets(neighbours.offset_svc.local_addr(), topic, "__mqcursor__").await;
+    for partition in ["0", "1", "2", "3"] {
+        assert_eq!(
+            stored[partition], 1,
+            "partition {partition}: the gap at 2 holds it"
+        );
+    }
+    dispatcher.kill9();
+    drop(session);
+
+    let restarted = neighbours.dispatcher_with(None, &sharded);
+    let mut session = subscribe(restarted.addr, lb(topic)).await;
+    let expected = 80 - 4 * 2;
+    let again = session
+        .deliveries(expected + 1, Duration::from_secs(3))
+        .await;
+    let mut seen: BTreeMap<(String, i64), usize> = BTreeMap::new();
+    for d in &again {
+        *seen.entry((d.partition.clone(), d.offset)).or_default() += 1;
+    }
+    for (partition, deliveries) in &by_partition {
+        for offset in deliveries.keys() {
+            let times = seen.get(&(partition.clone(), *offset)).copied();
+            if *offset <= 1 {
+                assert_eq!(times, None, "{partition}@{offset} was DURABLE");
+            } else {
+                assert_eq!(times, Some(1), "{partition}@{offset} was not settled: once");
+            }
+        }
+    }
+    assert_eq!(again.len(), expected, "{seen:?}");
+    session.ack_durably(&again).await;
+    let stored = stored_offsets(neighbours.offset_svc.local_addr(), topic, "__mqcursor__").await;
+    for (partition, deliveries) in &by_partition {
+        assert_eq!(stored[partition], deliveries.len() as i64 - 1);
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

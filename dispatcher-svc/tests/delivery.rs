@@ -384,6 +384,45 @@ async fn offset_svc_outage_makes_acks_pending_without_redelivery_or_dead_letters
 /// One group whose client never ACKs holds at most its share of the topic's buffer: the
 /// topic's other group keeps flowing to the end (before fair shares it filled the whole budget
 /// and paused every group of the topic).
+/// A group spread over two shards: a session's in-flight limit is one pool both shards take
+/// from, so it never holds more than its limit however many shards deliver to it, and a shard
+/// that found the pool empty delivers again once the other shard's ACK gives a credit back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sessions_in_flight_limit_binds_every_shard_of_its_group_together() {
+    let instance = Instance::start(dispatcher_svc::config::DeliverySettings {
+        group_shards: 2,
+        ..fast_settings()
+    })
+    .await;
+    instance.create_topic("pooled", 4).await;
+    let mut client = instance.client().await;
+    publish(&mut client, "pooled", 0..60).await;
+    let mut limited = open("app-1", "pooled", "", LB);
+    limited.max_in_flight = 3;
+    let mut session = subscribe(instance.dispatcher_addr(), limited).await;
+    let mut received = Vec::new();
+    let mut issuers = BTreeSet::new();
+    while received.len() < 60 {
+        let held = session.deliveries(3, WAIT).await;
+        assert_eq!(
+            held.len(),
+            3.min(60 - received.len()),
+            "the session's limit is filled"
+        );
+        // Nothing beyond the limit comes while these are held, from either shard.
+        let beyond = session.deliveries(1, Duration::from_millis(100)).await;
+        assert!(beyond.is_empty(), "a 4th un-ACKed delivery: {beyond:?}");
+        for d in &held {
+            issuers.insert(d.delivery_id.split('.').nth(1).unwrap().to_owned());
+        }
+        session.ack_durably(&held).await;
+        received.extend(held);
+    }
+    let numbers: BTreeSet<u64> = received.iter().map(number).collect();
+    assert_eq!(numbers, (0..60).collect());
+    assert_eq!(issuers.len(), 2, "both shards delivered");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stalled_group_holds_only_its_share_while_another_group_flows_to_the_end() {
     let settings = dispatcher_svc::config::DeliverySettings {

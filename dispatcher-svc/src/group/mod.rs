@@ -32,6 +32,7 @@
 //! dropped unsettled (the watermark stays below them, so the reader pulls them again when the
 //! group returns), and the actor ends.
 
+mod credits;
 mod intake;
 mod report;
 mod sessions;
@@ -55,10 +56,12 @@ use crate::crash::{CrashPoint, crash_point};
 use crate::delivery_id::DeliveryId;
 use crate::offset_writer::{WriteJob, WriteNotice};
 use crate::registry::{GroupKey, Shared};
+use crate::shard::GateBoard;
 use crate::watermark::{ClientWatermark, GroupWatermark};
 use eventmesh_common::metrics::KeptHistogram;
 use metrics::Label;
 
+pub use credits::Credits;
 pub use report::{DeliveryCounts, GroupReport};
 pub use state::{Delivery, DeliveryState, Sending};
 
@@ -100,8 +103,8 @@ pub struct SessionLink {
     pub client: ClientId,
     /// Where its deliveries and results go.
     pub out: mpsc::UnboundedSender<Outbound>,
-    /// Most un-ACKed deliveries it holds.
-    pub max_in_flight: u32,
+    /// Its in-flight limit: most un-ACKed deliveries it holds, from all shards of the group.
+    pub credits: Arc<Credits>,
 }
 
 /// A client's request about one delivery.
@@ -173,12 +176,19 @@ pub enum GroupCmd {
         /// The delivery.
         seq: u64,
     },
+    /// Another shard of the group gave a session's in-flight credit back after this one found
+    /// none ([`Credits`]): deliver what waits for it.
+    Credit,
     /// The instance is draining for a graceful stop: deliver nothing new, keep taking ACKs of
     /// what was sent, and once all of it is settled and durable end every session with
     /// [`draining_status`] (the client moves without having anything redelivered).
     Drain,
     /// The instance is shutting down.
     Stop,
+    /// Another shard of the group ended ([`crate::shard`]): a shard without sessions closes as
+    /// after its grace period (writes in progress finish first); one with sessions ends like
+    /// [`GroupCmd::End`], its sessions told to reconnect.
+    SiblingEnded,
     /// End the group now (its reader was taken over, or its offsets are being changed): every
     /// session's stream ends with `status`; nothing unsettled is answered or retired, so it
     /// comes back from the group's next reader.
@@ -222,6 +232,21 @@ pub struct GroupInit {
     pub lost: HashMap<PartitionId, i64>,
     /// The topic's buffer budget.
     pub budget: Arc<TopicBudget>,
+    /// Which shard of the group this actor is ([`crate::shard`]).
+    pub shard: ShardInit,
+}
+
+/// A shard's place in its group: its index, every shard's commands (its own included, made
+/// before any is spawned), its own command queue, and the board its pull gate is set on.
+pub struct ShardInit {
+    /// Its index, `0..siblings.len()`.
+    pub index: usize,
+    /// Every shard's commands, by index.
+    pub siblings: Arc<[mpsc::UnboundedSender<GroupCmd>]>,
+    /// Its own commands.
+    pub commands: mpsc::UnboundedReceiver<GroupCmd>,
+    /// The group's pull gate.
+    pub gate: Arc<GateBoard>,
 }
 
 /// The actor. Built by [`spawn`].
@@ -244,7 +269,10 @@ pub(crate) struct Group {
     number: u64,
     budget: Arc<TopicBudget>,
     cmd_tx: mpsc::UnboundedSender<GroupCmd>,
-    gate: watch::Sender<PullGate>,
+    /// Its index among the group's shards, and every shard's commands.
+    shard: usize,
+    siblings: Arc<[mpsc::UnboundedSender<GroupCmd>]>,
+    gate: Arc<GateBoard>,
     sessions: Vec<SessionSlot>,
     next_session: usize,
     next_seq: u64,
@@ -269,24 +297,19 @@ pub(crate) struct Group {
 
 struct SessionSlot {
     link: SessionLink,
-    /// Deliveries assigned or sent to it and not settled.
-    in_flight: u32,
-    /// Of those, the ones its stream has not taken yet.
+    /// Of the deliveries assigned or sent to it by this shard and not settled (each holding
+    /// one of its credits), the ones its stream has not taken yet.
     unwritten: u32,
     /// Since when it has had deliveries its stream did not take (reset by every take).
     waiting_since: Option<Instant>,
-    /// Its stream took nothing for the assignment timeout: it gets nothing new until it does.
-    stalled: bool,
 }
 
 impl SessionSlot {
     fn new(link: SessionLink) -> Self {
         SessionSlot {
             link,
-            in_flight: 0,
             unwritten: 0,
             waiting_since: None,
-            stalled: false,
         }
     }
 }
@@ -313,10 +336,6 @@ struct ClientTrack {
 
 /// What a started group actor is reached and watched through.
 pub(crate) struct Started {
-    /// Its commands.
-    pub commands: mpsc::UnboundedSender<GroupCmd>,
-    /// Whether its pull loop may pull.
-    pub gate: watch::Receiver<PullGate>,
     /// Becomes `true` when it has ended.
     pub ended: watch::Receiver<bool>,
     /// Its latest report of itself.
@@ -327,16 +346,26 @@ pub(crate) struct Started {
 
 /// Starts a group actor.
 pub(crate) fn spawn(shared: Arc<Shared>, init: GroupInit) -> Started {
-    let (cmd_tx, cmd_rx) = mpsc::unbounded_channel();
-    let (gate, gate_rx) = watch::channel(PullGate::Paused);
+    let ShardInit {
+        index: shard,
+        siblings,
+        commands: cmd_rx,
+        gate,
+    } = init.shard;
+    let cmd_tx = siblings[shard].clone();
     let (ended, ended_rx) = watch::channel(false);
     let (report_tx, report_rx) = watch::channel(GroupReport::default());
     let writes_healthy = *shared.writer.health().borrow();
     let metric_label: Arc<str> = eventmesh_common::metrics::group_label(&init.key.label()).into();
-    let labels = vec![
+    let mut labels = vec![
         Label::new("topic", init.key.topic.to_string()),
         Label::new("group", metric_label.to_string()),
     ];
+    // A sharded group's series are per shard (`sum by (group)` adds them up); one actor's
+    // keep the labels they always had.
+    if siblings.len() > 1 {
+        labels.push(Label::new("shard", shard.to_string()));
+    }
     let group = Group {
         shared,
         label: init.key.label(),
@@ -350,7 +379,9 @@ pub(crate) fn spawn(shared: Arc<Shared>, init: GroupInit) -> Started {
         key: init.key,
         number: init.number,
         budget: init.budget,
-        cmd_tx: cmd_tx.clone(),
+        cmd_tx,
+        shard,
+        siblings,
         gate,
         sessions: Vec::new(),
         next_session: 0,
@@ -372,8 +403,6 @@ pub(crate) fn spawn(shared: Arc<Shared>, init: GroupInit) -> Started {
     };
     tokio::spawn(group.run(cmd_rx));
     Started {
-        commands: cmd_tx,
-        gate: gate_rx,
         ended: ended_rx,
         report: report_rx,
         metric_label,
@@ -426,7 +455,7 @@ impl Group {
         let mut flush = tokio::time::interval(IDLE_FLUSH);
         flush.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         self.grace_until = Some(Instant::now() + self.grace());
-        tracing::info!(group = %self.key, number = self.number, "subscription group started");
+        tracing::info!(group = %self.key, number = self.number, shard = self.shard, shards = self.siblings.len(), "subscription group started");
         loop {
             let next_timer = self.timers.first().map(|(at, _)| *at);
             let wake = match (next_timer, self.grace_until) {
@@ -497,7 +526,7 @@ impl Group {
         self.flush_watermarks();
         self.report_busy();
         self.report(Instant::now());
-        let _ = self.gate.send(PullGate::Closed);
+        self.gate.set(self.shard, PullGate::Closed);
         // Batches still queued were never admitted: return their budget.
         commands.close();
         while let Ok(command) = commands.try_recv() {
@@ -506,8 +535,11 @@ impl Group {
             }
         }
         self.release_all();
-        self.budget.leave(&self.label);
-        self.shared.group_ended(&self.key, self.number);
+        // The group's budget share and home go with its last shard.
+        if self.shared.shard_ended(&self.key, self.number) {
+            self.budget.leave(&self.label);
+            self.shared.group_ended(&self.key);
+        }
         let _ = self.ended.send(true);
         tracing::info!(group = %self.key, "subscription group ended");
     }
@@ -527,6 +559,20 @@ impl Group {
                     let _ = reply.send(ended);
                 }
                 false
+            }
+            Some(GroupCmd::SiblingEnded) if !self.sessions.is_empty() => {
+                self.end_sessions(&tonic::Status::unavailable(format!(
+                    "subscription group {} restarts (one of its shards ended); reconnect",
+                    self.key
+                )));
+                false
+            }
+            Some(GroupCmd::SiblingEnded) => {
+                if !self.closing {
+                    self.grace_until = None;
+                    self.close();
+                }
+                true
             }
             Some(command) => {
                 self.handle(command);
@@ -670,12 +716,13 @@ impl Group {
                 cursors,
             } => self.write_notice(tokens, notice, cursors),
             GroupCmd::DeadLettered { seq } => self.dead_lettered(seq),
+            GroupCmd::Credit => self.pump(),
             GroupCmd::Drain => {
                 tracing::info!(group = %self.key, sessions = self.sessions.len(), "draining: delivering nothing new, waiting for the sent deliveries' ACKs");
                 self.draining = true;
                 self.update_gate();
             }
-            GroupCmd::Stop | GroupCmd::End { .. } => {}
+            GroupCmd::Stop | GroupCmd::End { .. } | GroupCmd::SiblingEnded => {}
         }
     }
 
@@ -687,8 +734,7 @@ impl Group {
         } else {
             PullGate::Open
         };
-        self.gate
-            .send_if_modified(|g| std::mem::replace(g, gate) != gate);
+        self.gate.set(self.shard, gate);
     }
 
     // ---- client requests ----------------------------------------------------------------
@@ -1261,9 +1307,9 @@ mod tests {
         };
         let budget = TopicBudget::new("race", 100, 1_000);
         budget.join(&key.label());
-        let Started {
-            commands, mut gate, ..
-        } = spawn(
+        let (commands, receiver) = mpsc::unbounded_channel();
+        let (board, mut gate) = GateBoard::new(1);
+        spawn(
             Arc::clone(&shared),
             GroupInit {
                 key: key.clone(),
@@ -1271,6 +1317,12 @@ mod tests {
                 seeds: [(PartitionId::number(0), -1)].into(),
                 lost: HashMap::new(),
                 budget: Arc::clone(&budget),
+                shard: ShardInit {
+                    index: 0,
+                    siblings: Arc::from([commands.clone()]),
+                    commands: receiver,
+                    gate: board,
+                },
             },
         );
         let (out, mut outbound) = mpsc::unbounded_channel();
@@ -1279,7 +1331,7 @@ mod tests {
             id: 1,
             client: ClientId::new("app").unwrap(),
             out: out.clone(),
-            max_in_flight: 10,
+            credits: Arc::new(Credits::new(10)),
         };
         commands.send(GroupCmd::Join { session, reply }).unwrap();
         assert!(joined.await.unwrap());
@@ -1325,7 +1377,7 @@ mod tests {
             id: 2,
             client: ClientId::new("app").unwrap(),
             out,
-            max_in_flight: 10,
+            credits: Arc::new(Credits::new(10)),
         };
         commands.send(GroupCmd::Join { session, reply }).unwrap();
         assert!(!refused.await.unwrap(), "a closing group takes no session");

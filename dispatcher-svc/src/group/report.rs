@@ -270,6 +270,48 @@ pub struct GroupReport {
     pub reported_unix_ms: i64,
 }
 
+impl GroupReport {
+    /// One report of a sharded group from its shards' reports: sessions (every shard has the
+    /// same) the most any shard has, counts and counters added, the oldest un-ACKed delivery
+    /// the oldest of any, partitions together; made when the least recent was (0 while a
+    /// shard has not reported).
+    pub fn merge(reports: impl IntoIterator<Item = GroupReport>) -> GroupReport {
+        let mut merged: Option<GroupReport> = None;
+        for report in reports {
+            let Some(into) = merged.as_mut() else {
+                merged = Some(report);
+                continue;
+            };
+            into.sessions = into.sessions.max(report.sessions);
+            let (a, b) = (&mut into.counts, report.counts);
+            a.in_flight += b.in_flight;
+            a.ready += b.ready;
+            a.backoff += b.backoff;
+            a.settling += b.settling;
+            a.oldest_unacked = match (a.oldest_unacked, b.oldest_unacked) {
+                (Some(x), Some(y)) => Some(x.min(y)),
+                (x, y) => x.or(y),
+            };
+            into.oldest_unacked_age = into.oldest_unacked_age.max(report.oldest_unacked_age);
+            into.delivered_total += report.delivered_total;
+            into.acked_total += report.acked_total;
+            into.nacked_total += report.nacked_total;
+            into.redelivered_total += report.redelivered_total;
+            into.timed_out_total += report.timed_out_total;
+            into.dead_lettered_total += report.dead_lettered_total;
+            into.partitions.extend(report.partitions);
+            into.reported_unix_ms = if into.reported_unix_ms == 0 || report.reported_unix_ms == 0 {
+                0
+            } else {
+                into.reported_unix_ms.min(report.reported_unix_ms)
+            };
+        }
+        let mut merged = merged.unwrap_or_default();
+        merged.partitions.sort_by(|a, b| a.0.cmp(&b.0));
+        merged
+    }
+}
+
 /// The group's gauges, set at every report.
 pub(crate) struct Gauges {
     sessions: KeptGauge,

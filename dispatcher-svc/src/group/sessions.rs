@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use eventmesh_common::trace_context::Operation;
 
-use super::{DeliveryState, Group, Outbound, Retry, SessionSlot, set_timer};
+use super::{DeliveryState, Group, GroupCmd, Outbound, Retry, SessionSlot, set_timer};
 use crate::crash::{CrashPoint, crash_point};
 
 impl Group {
@@ -45,9 +45,12 @@ impl Group {
                 continue;
             }
             let count = self.sessions.len();
+            // Taking the credit is what finds a session with room; one found empty wakes
+            // this shard when another shard gives a credit of it back.
+            let shard = self.shard;
             let Some(index) = (0..count)
                 .map(|i| (self.next_session + i) % count)
-                .find(|i| self.sessions[*i].has_room())
+                .find(|i| self.sessions[*i].take_credit(shard))
             else {
                 return; // every session is full or stalled
             };
@@ -74,9 +77,9 @@ impl Group {
                 // The session is going away; its Leave will follow and reassign.
                 delivery.state = DeliveryState::Ready;
                 self.ready.push_front(seq);
+                slot.link.credits.give_back();
                 return;
             }
-            slot.in_flight += 1;
             slot.unwritten += 1;
             slot.waiting_since.get_or_insert_with(Instant::now);
             self.clients
@@ -101,8 +104,7 @@ impl Group {
                 slot.unwritten = slot.unwritten.saturating_sub(1);
             }
             slot.waiting_since = (slot.unwritten > 0).then_some(at);
-            if slot.stalled {
-                slot.stalled = false;
+            if slot.link.credits.is_stalled() && slot.link.credits.set_stalled(false) {
                 tracing::info!(session, "stalled session reads again");
             }
         }
@@ -130,12 +132,22 @@ impl Group {
             DeliveryState::Sent { session } => (session, false),
             _ => return,
         };
-        if let Some(slot) = self.session_slot(session) {
-            slot.in_flight = slot.in_flight.saturating_sub(1);
-            if unwritten {
-                slot.unwritten = slot.unwritten.saturating_sub(1);
-                if slot.unwritten == 0 {
-                    slot.waiting_since = None;
+        let Some(slot) = self.sessions.iter_mut().find(|s| s.link.id == session) else {
+            return;
+        };
+        if unwritten {
+            slot.unwritten = slot.unwritten.saturating_sub(1);
+            if slot.unwritten == 0 {
+                slot.waiting_since = None;
+            }
+        }
+        // Shards that found the session's credits spent are woken; this one delivers again
+        // anyway (everything that frees a slot pumps after).
+        let waiting = slot.link.credits.give_back() & !(1 << (self.shard % 64));
+        if waiting != 0 {
+            for (index, sibling) in self.siblings.iter().enumerate() {
+                if waiting & (1 << (index % 64)) != 0 {
+                    let _ = sibling.send(GroupCmd::Credit);
                 }
             }
         }
@@ -147,10 +159,18 @@ impl Group {
         let stalled: Vec<u64> = self
             .sessions
             .iter()
-            .filter(|s| !s.stalled && s.waiting_since.is_some_and(|t| now >= t + timeout))
+            .filter(|s| s.waiting_since.is_some_and(|t| now >= t + timeout))
             .map(|s| s.link.id)
             .collect();
         for session in stalled {
+            // Marked first, so no shard woken by the credits given back below assigns it more;
+            // every shard takes back what it assigned, and the session is counted once.
+            let newly_stalled = self
+                .session_slot(session)
+                .is_some_and(|slot| slot.link.credits.set_stalled(true));
+            if newly_stalled {
+                metrics::counter!("dispatcher_stalled_sessions_total").increment(1);
+            }
             let held: Vec<u64> = self
                 .deliveries
                 .iter()
@@ -165,11 +185,9 @@ impl Group {
                 }
             }
             if let Some(slot) = self.session_slot(session) {
-                slot.stalled = true;
                 slot.unwritten = 0;
                 slot.waiting_since = None;
             }
-            metrics::counter!("dispatcher_stalled_sessions_total").increment(1);
             tracing::warn!(group = %self.key, session, taken_back = held.len(), ?timeout, "session took no delivery for the assignment timeout: its deliveries go to the group's other sessions, and it gets none until it reads again");
         }
         self.pump();
@@ -213,8 +231,9 @@ impl Group {
 }
 
 impl SessionSlot {
-    /// Whether a new delivery may go to it.
-    fn has_room(&self) -> bool {
-        !self.stalled && self.in_flight < self.link.max_in_flight
+    /// Takes one of its credits for a new delivery from shard `shard`; `false` when it is
+    /// stalled or has none left.
+    fn take_credit(&self, shard: usize) -> bool {
+        !self.link.credits.is_stalled() && self.link.credits.take(shard)
     }
 }

@@ -550,6 +550,16 @@ pub struct Dispatcher {
 impl Dispatcher {
     /// Starts it on a free port; `crash_at` names a crash point (`EM_DISPATCHER_CRASH_AT`).
     pub fn start(puller: SocketAddr, offsets: SocketAddr, crash_at: Option<&str>) -> Dispatcher {
+        Dispatcher::start_with(puller, offsets, crash_at, &[])
+    }
+
+    /// [`Dispatcher::start`] with more command-line flags.
+    pub fn start_with(
+        puller: SocketAddr,
+        offsets: SocketAddr,
+        crash_at: Option<&str>,
+        flags: &[&str],
+    ) -> Dispatcher {
         let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_dispatcher-svc"));
         command
             .args(["--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"])
@@ -558,6 +568,7 @@ impl Dispatcher {
             .arg("--offset-svc")
             .arg(format!("http://{offsets}"))
             .args(["--backoff-base-ms", "50", "--backoff-max-ms", "100"])
+            .args(flags)
             .env_remove("EM_DISPATCHER_CRASH_AT")
             .env("RUST_LOG", "warn");
         if let Some(point) = crash_at {

@@ -108,10 +108,12 @@ pub struct Row {
     /// Heap allocations of the dispatcher per delivered and ACKed event over the full load;
     /// only from a dispatcher built with `--features count-allocations`.
     pub dispatcher_allocs_per_event: Option<f64>,
-    /// The full-load group's actor: seconds at work over the phase, that per event in µs,
-    /// and the rate it could sustain on one core (events / seconds at work); `None` when the
+    /// The full-load group's actors (its shards): seconds at work over the phase, all shards
+    /// together, that per event in µs, and the rate the group could sustain with each shard
+    /// on a core of its own (events / the busiest shard's seconds at work); `None` when the
     /// dispatcher's metrics could not be read.
     pub group_busy_secs: Option<f64>,
+    pub group_shards: Option<usize>,
     pub group_us_per_event: Option<f64>,
     pub group_ceiling_per_sec: Option<f64>,
 }
@@ -304,7 +306,11 @@ async fn bench_one(
     }
     // The group is new: everything its actor did is in the sum (read once its last interval
     // is reported).
-    let group_busy_secs = group_busy_seconds(instance, &group).await;
+    let group_busy = group_busy_seconds(instance, &group).await;
+    let group_busy_secs = group_busy.as_ref().map(|shards| shards.iter().sum::<f64>());
+    let group_busiest_secs = group_busy
+        .as_ref()
+        .map(|shards| shards.iter().copied().fold(0.0, f64::max));
     let rss = [Service::Dispatcher, Service::Puller, Service::Offset]
         .map(|service| instance.pid(service).map_or(0.0, proc_rss_mib));
     let e2e_per_sec = events as f64 / elapsed;
@@ -369,8 +375,9 @@ async fn bench_one(
         rss_mib_offset: rss[2],
         dispatcher_allocs_per_event,
         group_busy_secs,
+        group_shards: group_busy.as_ref().map(Vec::len),
         group_us_per_event: group_busy_secs.map(|busy| busy * 1e6 / events as f64),
-        group_ceiling_per_sec: group_busy_secs
+        group_ceiling_per_sec: group_busiest_secs
             .filter(|busy| *busy > 0.0)
             .map(|busy| events as f64 / busy),
     })
@@ -641,29 +648,34 @@ async fn dispatcher_allocations(instance: &LocalInstance) -> Option<u64> {
     read().await
 }
 
-/// Seconds the actor of subscription group `group` spent at work so far: the dispatcher's
-/// `dispatcher_group_busy_seconds_sum` for it, read after the group's next report (every
-/// 500 ms) so the end of the phase is in.
-async fn group_busy_seconds(instance: &LocalInstance, group: &str) -> Option<f64> {
+/// Seconds each actor (shard) of subscription group `group` spent at work so far: the
+/// dispatcher's `dispatcher_group_busy_seconds_sum` series of it, read after the group's next
+/// report (every 500 ms) so the end of the phase is in.
+async fn group_busy_seconds(instance: &LocalInstance, group: &str) -> Option<Vec<f64>> {
     tokio::time::sleep(Duration::from_millis(600)).await;
     let metrics = scrape(instance.metrics_addr(Service::Dispatcher))
         .await
         .ok()?;
-    busy_sum_of(&metrics, group)
+    busy_sums_of(&metrics, group)
 }
 
-/// `dispatcher_group_busy_seconds_sum` of `group` in a Prometheus exposition.
-fn busy_sum_of(metrics: &str, group: &str) -> Option<f64> {
+/// Every `dispatcher_group_busy_seconds_sum` series of `group` (one per shard) in a
+/// Prometheus exposition; `None` when it has none.
+fn busy_sums_of(metrics: &str, group: &str) -> Option<Vec<f64>> {
     let label = format!("group=\"{group}\"");
-    metrics.lines().find_map(|line| {
-        let rest = line.strip_prefix("dispatcher_group_busy_seconds_sum{")?;
-        let (labels, value) = rest.rsplit_once("} ")?;
-        labels
-            .split(',')
-            .any(|l| l == label)
-            .then(|| value.trim().parse::<f64>().ok())
-            .flatten()
-    })
+    let sums: Vec<f64> = metrics
+        .lines()
+        .filter_map(|line| {
+            let rest = line.strip_prefix("dispatcher_group_busy_seconds_sum{")?;
+            let (labels, value) = rest.rsplit_once("} ")?;
+            labels
+                .split(',')
+                .any(|l| l == label)
+                .then(|| value.trim().parse::<f64>().ok())
+                .flatten()
+        })
+        .collect();
+    (!sums.is_empty()).then_some(sums)
 }
 
 /// `GET /metrics` over a plain HTTP/1.0 connection.
@@ -746,15 +758,18 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_busy_sum_of_one_group_is_found() {
+    fn the_busy_sums_of_one_group_are_found_one_per_shard() {
         let metrics = "\
 # TYPE dispatcher_group_busy_seconds summary
 dispatcher_group_busy_seconds_sum{topic=\"t\",group=\"full-256-10\"} 9.5
 dispatcher_group_busy_seconds_count{topic=\"t\",group=\"full-256-1\"} 3
 dispatcher_group_busy_seconds_sum{topic=\"t\",group=\"full-256-1\"} 0.25
+dispatcher_group_busy_seconds_sum{topic=\"t\",group=\"full-256-8\",shard=\"0\"} 1.5
+dispatcher_group_busy_seconds_sum{topic=\"t\",group=\"full-256-8\",shard=\"1\"} 2
 ";
-        assert_eq!(busy_sum_of(metrics, "full-256-1"), Some(0.25));
-        assert_eq!(busy_sum_of(metrics, "full-256-10"), Some(9.5));
-        assert_eq!(busy_sum_of(metrics, "other"), None);
+        assert_eq!(busy_sums_of(metrics, "full-256-1"), Some(vec![0.25]));
+        assert_eq!(busy_sums_of(metrics, "full-256-10"), Some(vec![9.5]));
+        assert_eq!(busy_sums_of(metrics, "full-256-8"), Some(vec![1.5, 2.0]));
+        assert_eq!(busy_sums_of(metrics, "other"), None);
     }
 }
