@@ -160,7 +160,9 @@ pub struct DeliverySettings {
     /// Records asked for per pull.
     pub pull_batch: u32,
     /// Actors one subscription group's partitions are spread over (`crate::shard`); 0: one
-    /// per core. Never more than the topic's partitions or 64.
+    /// per core the process may use beyond the first (at least one): the first is left to the
+    /// sessions' streams, the ACK intake and the writers. Never more than the topic's
+    /// partitions or 64.
     pub group_shards: u32,
     /// fsync offset writes (node-loss durability).
     pub sync_offsets: bool,
@@ -292,7 +294,10 @@ impl DeliverySettings {
     /// How many shards a group of a topic with `partitions` partitions gets.
     pub fn shards_for(&self, partitions: usize) -> usize {
         let wanted = match self.group_shards {
-            0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+            // Measured on 2 cores (docs/BENCHMARKS.md): two shards there gained throughput
+            // with one stream but doubled half-load ACK latency, the actors crowding out the
+            // rest of the dispatcher's work.
+            0 => std::thread::available_parallelism().map_or(1, |n| n.get().saturating_sub(1)),
             n => n as usize,
         };
         wanted
@@ -410,7 +415,8 @@ pub struct Args {
     /// Records per pull [default: 512].
     #[arg(long, env = "EM_DISPATCHER_PULL_BATCH")]
     pub pull_batch: Option<u32>,
-    /// Actors a group's partitions are spread over; 0: one per core [default: 0].
+    /// Actors a group's partitions are spread over; 0: one per core beyond the first
+    /// [default: 0].
     #[arg(long, env = "EM_DISPATCHER_GROUP_SHARDS")]
     pub group_shards: Option<u32>,
     /// fsync offset writes.
@@ -601,6 +607,30 @@ mod tests {
             problems.is_empty(),
             "docs/CONFIG.md, dispatcher-svc: {problems:#?}"
         );
+    }
+
+    #[test]
+    fn shards_are_bounded_by_partitions_and_the_cap() {
+        let settings = |group_shards| DeliverySettings {
+            group_shards,
+            ..DeliverySettings::default()
+        };
+        assert_eq!(
+            settings(4).shards_for(2),
+            2,
+            "never more than the partitions"
+        );
+        assert_eq!(settings(4).shards_for(8), 4);
+        assert_eq!(settings(1).shards_for(8), 1);
+        assert_eq!(settings(4).shards_for(0), 1, "at least one");
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        assert_eq!(
+            settings(0).shards_for(1_000),
+            cores.saturating_sub(1).clamp(1, 64),
+            "one per core beyond the first"
+        );
+        assert!(settings(65).validate().is_err());
+        assert!(settings(64).validate().is_ok());
     }
 
     #[test]
