@@ -295,8 +295,8 @@ impl DeliverySettings {
     pub fn shards_for(&self, partitions: usize) -> usize {
         let wanted = match self.group_shards {
             // Measured on 2 cores (docs/BENCHMARKS.md): two shards there gained throughput
-            // with one stream but doubled half-load ACK latency, the actors crowding out the
-            // rest of the dispatcher's work.
+            // with one stream only and raised half-load ACK latency, the actors crowding out
+            // the rest of the dispatcher's work.
             0 => std::thread::available_parallelism().map_or(1, |n| n.get().saturating_sub(1)),
             n => n as usize,
         };
