@@ -16,7 +16,6 @@
 //! them (one write settles many events: it is no one event's child); its context goes to
 //! offset-svc with the call.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -235,7 +234,8 @@ async fn write_in_chunks(
 
 /// One request for every queued job: the highest value per key.
 fn merged(queue: &[Queued], sync: bool) -> WriteOffsetsRequest {
-    let mut highest: HashMap<&OffsetKey, i64> = HashMap::new();
+    // Every ACK's keys pass through here: a fast hasher (keys are validated names).
+    let mut highest: crate::group::FastMap<&OffsetKey, i64> = Default::default();
     for (key, value) in queue.iter().flat_map(|q| q.job.entries.iter()) {
         let slot = highest.entry(key).or_insert(*value);
         *slot = (*slot).max(*value);

@@ -74,7 +74,7 @@ const IDLE_FLUSH: Duration = Duration::from_millis(500);
 
 /// The group's per-event maps: touched several times per delivery, so hashed with a fast
 /// hasher (seeded per process; keys are sequence numbers and validated names).
-type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
+pub(crate) type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
 
 /// What a session receives from its group, in order.
 #[derive(Debug)]

@@ -10,7 +10,7 @@
 //! delivery is still retired only once a write covering its values — and the group watermark
 //! covering its offset — is durable, and the job is handed over before the actor waits again.
 
-use std::collections::HashMap;
+use super::FastMap;
 
 use eventmesh_common::keys::{OffsetKey, PartitionId};
 use eventmesh_common::trace_context::{MAX_LINKS, SpanContext};
@@ -26,9 +26,9 @@ pub struct SettledWrites {
     /// The deliveries (sequence numbers), told when the job is durable.
     tokens: Vec<u64>,
     /// The highest value per key.
-    entries: HashMap<OffsetKey, i64>,
+    entries: FastMap<OffsetKey, i64>,
     /// The highest group watermark per partition among the entries.
-    cursors: HashMap<PartitionId, i64>,
+    cursors: FastMap<PartitionId, i64>,
     /// Commands handled since the first delivery of this job was collected.
     commands_since_first: usize,
     /// The trace contexts of the traced deliveries among them (the write links to them).
@@ -147,7 +147,7 @@ mod tests {
         );
         let job = settled.take().unwrap();
         assert_eq!(job.tokens, vec![1, 2, 3]);
-        let entries: HashMap<_, _> = job.entries.into_iter().collect();
+        let entries: std::collections::HashMap<_, _> = job.entries.into_iter().collect();
         assert_eq!(entries[&cursor], 7);
         assert_eq!(
             entries[&key("a")],
