@@ -68,7 +68,12 @@ impl Credits {
         if self.try_take() {
             return true;
         }
-        self.waiting.fetch_or(1 << (shard % 64), SeqCst);
+        // Every pump asks every full session again: once registered, a look is enough (a
+        // give-back that clears the bit after this look wakes the shard all the same).
+        let bit = 1 << (shard % 64);
+        if self.waiting.load(SeqCst) & bit == 0 {
+            self.waiting.fetch_or(bit, SeqCst);
+        }
         self.try_take()
     }
 
