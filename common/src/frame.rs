@@ -83,6 +83,13 @@ impl FrameLimits {
 /// [`FrameLimits::DEFAULT`]: `emmqpartition`, `emmqoffset`, `empopck`, and one spare.
 pub const RUNTIME_STAMPS: usize = 4;
 
+/// Whether `name` is one of the stamps a puller adds to a frame it reads
+/// ([`ATTR_MQ_PARTITION`], [`ATTR_MQ_OFFSET`], [`ATTR_POP_CK`]): where the record sits in the
+/// MQ, which the record itself carries in its own fields once pulled.
+pub fn is_runtime_stamp(name: &str) -> bool {
+    matches!(name, ATTR_MQ_PARTITION | ATTR_MQ_OFFSET | ATTR_POP_CK)
+}
+
 impl FrameLimits {
     /// A published frame plus the runtime's stamps: what a puller encodes and a dispatcher
     /// decodes. A frame at every user limit still fits once stamped.
@@ -350,6 +357,66 @@ impl Frame {
             data: view.data,
         })
     }
+}
+
+/// Appends attributes to an encoded frame without decoding it: the header's count grows,
+/// the new attributes go after the existing ones, the payload follows unchanged. One copy of
+/// the body, no allocation per attribute (the puller stamps every record it reads).
+///
+/// `body` must be a frame [`FrameView::decode`] accepted, and no appended name may already be
+/// in it: then the result decodes to exactly what [`Frame::set_attribute`] of each appended
+/// attribute and an encode would give. `limits` bound the result (count, lengths, size).
+pub fn append_attributes(
+    body: &[u8],
+    extra: &[(&str, &str)],
+    limits: &FrameLimits,
+) -> Result<Bytes, FrameError> {
+    let header = Header::parse(body)?;
+    let count = header.key_count + extra.len();
+    check_count(count, limits)?;
+    let data_len = usize::try_from(header.data_len).map_err(|_| FrameError::DataLength {
+        len: header.data_len,
+        max: limits.max_data_bytes,
+    })?;
+    let attributes_end = body
+        .len()
+        .checked_sub(data_len)
+        .filter(|end| *end >= HEADER_LEN)
+        .ok_or(FrameError::Truncated {
+            what: "data",
+            needed: data_len,
+            remaining: body.len().saturating_sub(HEADER_LEN),
+        })?;
+    let mut len = body.len();
+    for (name, value) in extra {
+        check_name_len(name.len(), limits)?;
+        check_value_len(value.len() as i64, limits)?;
+        len += 2 + name.len() + 4 + value.len();
+    }
+    if len > limits.max_frame_bytes {
+        return Err(FrameError::FrameLength {
+            len,
+            max: limits.max_frame_bytes,
+        });
+    }
+    let mut out = BytesMut::with_capacity(len);
+    out.put_slice(&body[..8]);
+    // `check_count` keeps the count within u16 for any limits a frame can be decoded with.
+    out.put_u16(
+        u16::try_from(count).map_err(|_| FrameError::AttributeCount {
+            count,
+            max: usize::from(u16::MAX),
+        })?,
+    );
+    out.put_slice(&body[10..attributes_end]);
+    for (name, value) in extra {
+        out.put_u16(name.len() as u16);
+        out.put_slice(name.as_bytes());
+        out.put_i32(value.len() as i32);
+        out.put_slice(value.as_bytes());
+    }
+    out.put_slice(&body[attributes_end..]);
+    Ok(out.freeze())
 }
 
 /// Whether `body` is structurally an EventMeshFrame: magic, version, and every length field

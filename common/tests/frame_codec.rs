@@ -5,7 +5,8 @@
 
 use bytes::Bytes;
 use eventmesh_common::frame::{
-    Frame, FrameError, FrameLimits, FrameView, HEADER_LEN, INLINE_ATTRIBUTES, MSG_TYPE_EVENT, sniff,
+    Frame, FrameError, FrameLimits, FrameView, HEADER_LEN, INLINE_ATTRIBUTES, MSG_TYPE_EVENT,
+    append_attributes, sniff,
 };
 use proptest::prelude::*;
 
@@ -114,6 +115,19 @@ fn header(key_count: u16, data_len: i32) -> Vec<u8> {
     out
 }
 
+/// A frame's bytes written by hand, attributes exactly as given (repeats included).
+fn raw_frame(attributes: &[(&str, &str)], data: &[u8]) -> Vec<u8> {
+    let mut bytes = header(attributes.len() as u16, data.len() as i32);
+    for (name, value) in attributes {
+        bytes.extend_from_slice(&(name.len() as u16).to_be_bytes());
+        bytes.extend_from_slice(name.as_bytes());
+        bytes.extend_from_slice(&(value.len() as i32).to_be_bytes());
+        bytes.extend_from_slice(value.as_bytes());
+    }
+    bytes.extend_from_slice(data);
+    bytes
+}
+
 #[test]
 fn hostile_headers_are_rejected_before_allocating() {
     let mut huge = header(0, i32::MAX);
@@ -177,13 +191,7 @@ fn trailing_bytes_and_bad_utf8_are_errors() {
 
 #[test]
 fn duplicate_names_keep_first_position_and_last_value() {
-    let mut bytes = header(3, 0);
-    for (name, value) in [("a", "1"), ("b", "2"), ("a", "3")] {
-        bytes.extend_from_slice(&(name.len() as u16).to_be_bytes());
-        bytes.extend_from_slice(name.as_bytes());
-        bytes.extend_from_slice(&(value.len() as i32).to_be_bytes());
-        bytes.extend_from_slice(value.as_bytes());
-    }
+    let bytes = raw_frame(&[("a", "1"), ("b", "2"), ("a", "3")], b"");
     let frame = Frame::decode(&Bytes::from(bytes), &DEFAULT).unwrap();
     let attrs: Vec<(&str, &str)> = frame
         .attributes()
@@ -262,6 +270,57 @@ fn reference_byte_layout() {
     assert_eq!(&frame.encode(&DEFAULT).unwrap()[..], expected);
 }
 
+/// Appending to the encoded bytes gives what setting the attributes and encoding again gives,
+/// also when the original repeats a name (appended after the raw entries, first position and
+/// last value still decide).
+#[test]
+fn appending_to_the_bytes_is_setting_and_encoding_again() {
+    let bytes = raw_frame(&[("id", "1"), ("b", "2"), ("id", "3")], b"hi");
+    let extra = [("emmqpartition", "3"), ("emmqoffset", "41")];
+    let appended = append_attributes(&bytes, &extra, &DEFAULT.stamped()).unwrap();
+    let mut expected = Frame::decode(&Bytes::from(bytes), &DEFAULT).unwrap();
+    for (name, value) in extra {
+        expected.set_attribute(name, value);
+    }
+    let decoded = Frame::decode(&appended, &DEFAULT.stamped()).unwrap();
+    assert_eq!(decoded, expected);
+    assert_eq!(decoded.attribute("id"), Some("3"));
+    assert_eq!(&decoded.data[..], b"hi");
+}
+
+#[test]
+fn appending_keeps_every_limit() {
+    let full = frame_with(64, 4, 1, 3).encode(&DEFAULT).unwrap();
+    let stamped = DEFAULT.stamped();
+    let three = [("x1", "1"), ("x2", "2"), ("x3", "3")];
+    assert!(append_attributes(&full, &three, &stamped).is_ok());
+    assert!(matches!(
+        append_attributes(&full, &three, &DEFAULT),
+        Err(FrameError::AttributeCount { count: 67, max: 64 })
+    ));
+    let long_value = "v".repeat(DEFAULT.max_attr_value_bytes + 1);
+    assert!(matches!(
+        append_attributes(&full, &[("x", long_value.as_str())], &stamped),
+        Err(FrameError::AttributeValueLength { .. })
+    ));
+    let long_name = "n".repeat(DEFAULT.max_attr_name_bytes + 1);
+    assert!(matches!(
+        append_attributes(&full, &[(long_name.as_str(), "v")], &stamped),
+        Err(FrameError::AttributeNameLength { .. })
+    ));
+    let big = frame_with(1, 4, 1, DEFAULT.max_data_bytes)
+        .encode(&LAX)
+        .unwrap();
+    let tight = FrameLimits {
+        max_frame_bytes: big.len(),
+        ..DEFAULT
+    };
+    assert!(matches!(
+        append_attributes(&big, &[("x", "1")], &tight),
+        Err(FrameError::FrameLength { .. })
+    ));
+}
+
 fn arb_frame() -> impl Strategy<Value = Frame> {
     (
         any::<u8>(),
@@ -291,6 +350,26 @@ proptest! {
         prop_assert_eq!(encoded.len(), frame.encoded_len());
         prop_assert!(sniff(&encoded));
         prop_assert_eq!(Frame::decode(&encoded, &DEFAULT).unwrap(), frame);
+    }
+
+    #[test]
+    fn appended_frames_decode_as_set_attributes(frame in arb_frame(), offset in any::<i64>()) {
+        let encoded = frame.encode(&DEFAULT).unwrap();
+        let offset = offset.to_string();
+        let extra = [("emmqpartition", "broker-a:1"), ("emmqoffset", offset.as_str())];
+        let mut expected = frame.clone();
+        for (name, value) in extra {
+            expected.set_attribute(name, value);
+        }
+        let appended = append_attributes(&encoded, &extra, &DEFAULT.stamped()).unwrap();
+        prop_assert_eq!(appended.len(), expected.encoded_len());
+        let decoded = Frame::decode(&appended, &DEFAULT.stamped()).unwrap();
+        prop_assert_eq!(decoded, expected);
+    }
+
+    #[test]
+    fn appending_to_arbitrary_bytes_never_panics(bytes in prop::collection::vec(any::<u8>(), 0..256)) {
+        let _ = append_attributes(&bytes, &[("x", "1")], &DEFAULT.stamped());
     }
 
     #[test]

@@ -5,14 +5,16 @@
 //! attributes, the payload as data. On Publish, user attribute names may not start with `em`
 //! (the runtime's prefix) nor repeat a context attribute name (use the field), and the frame
 //! must fit [`FrameLimits::DEFAULT`]; on delivery every attribute that is not a context
-//! attribute — including the runtime's stamps such as `emmqoffset` — appears in `attributes`.
+//! attribute appears in `attributes`, except the puller's stamps (`emmqpartition`,
+//! `emmqoffset`, `empopck`): the `Delivery` carries the partition and offset in its own fields,
+//! and an event received can be published again as it is (Publish refuses `em` names).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use eventmesh_common::frame::{
-    ATTR_BINARY, Frame, FrameError, FrameLimits, FrameView, RESERVED_ATTR_PREFIX,
+    ATTR_BINARY, Frame, FrameError, FrameLimits, FrameView, RESERVED_ATTR_PREFIX, is_runtime_stamp,
 };
 use eventmesh_proto::client::Event;
 
@@ -109,8 +111,8 @@ pub fn check_for_delivery(body: &Bytes) -> Result<(), FrameError> {
     FrameView::decode(body, &FrameLimits::STAMPED).map(drop)
 }
 
-/// Turns a pulled, stamped frame into the client's event. Reads the frame in place: the only
-/// allocations are the event's own strings and maps.
+/// Turns a pulled, stamped frame into the client's event, without the stamps. Reads the frame
+/// in place: the only allocations are the event's own strings and maps.
 pub fn decode_for_delivery(body: &Bytes) -> Result<Event, FrameError> {
     // Stamping adds a few attributes to a frame that met the user limits; decode with room.
     let frame = FrameView::decode(body, &FrameLimits::STAMPED)?;
@@ -119,7 +121,7 @@ pub fn decode_for_delivery(body: &Bytes) -> Result<Event, FrameError> {
         ..Event::default()
     };
     for &(name, value) in frame.attributes() {
-        if name == ATTR_BINARY {
+        if name == ATTR_BINARY || is_runtime_stamp(name) {
             continue;
         }
         // A listed value that is not base64 stays a text attribute.
@@ -184,6 +186,25 @@ mod tests {
         assert_eq!(back.attributes["tenant"], "a");
         assert_eq!(&back.data[..], b"{}");
         assert_ne!(new_event_id(), new_event_id());
+    }
+
+    #[test]
+    fn the_pullers_stamps_are_not_delivered_so_an_event_received_can_be_published_again() {
+        let (body, _) = encode_for_publish(event()).unwrap();
+        let mut stamped = Frame::decode(&body, &FrameLimits::STAMPED).unwrap();
+        stamped.set_attribute("emmqpartition", "3");
+        stamped.set_attribute("emmqoffset", "41");
+        stamped.set_attribute("empopck", "ck");
+        let stamped = stamped.encode(&FrameLimits::STAMPED).unwrap();
+        let delivered = decode_for_delivery(&stamped).unwrap();
+        assert_eq!(
+            delivered.attributes,
+            [("tenant".to_owned(), "a".to_owned())].into(),
+            "user attributes only"
+        );
+        let (again, id) = encode_for_publish(delivered.clone()).unwrap();
+        assert_eq!(id, delivered.id, "the id travels on");
+        assert_eq!(decode_for_delivery(&again).unwrap(), delivered);
     }
 
     #[test]

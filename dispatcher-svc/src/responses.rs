@@ -22,6 +22,7 @@ use eventmesh_proto::client as pb;
 use eventmesh_proto::client::{SubscribeResponse, subscribe_response};
 use futures::Stream;
 use prost::Message;
+use smallvec::SmallVec;
 use tokio::sync::mpsc;
 use tonic::Status;
 
@@ -100,30 +101,61 @@ impl From<Outbound> for Prepared {
     }
 }
 
-/// What taking a delivery into a message needs, borrowed apart from the session's channel.
+/// What taking deliveries into one message needs, borrowed apart from the session's channel,
+/// and the notices for their groups.
 struct Taker<'a> {
     session: u64,
     ack_timeout: Duration,
     meter: &'a Meter,
+    /// When the message was made: the ACK clock of each delivery in it starts here.
+    at: Instant,
+    /// Deliveries taken, per group shard in the order met (nearly always one shard): each
+    /// shard is told once per message, not once per delivery.
+    written: SmallVec<[(mpsc::UnboundedSender<GroupCmd>, Vec<u64>); 1]>,
 }
 
-impl Taker<'_> {
-    /// Stamps a delivery's deadline, tells its group it was written, and counts its bytes.
+impl<'a> Taker<'a> {
+    fn new(session: u64, ack_timeout: Duration, meter: &'a Meter) -> Self {
+        Taker {
+            session,
+            ack_timeout,
+            meter,
+            at: Instant::now(),
+            written: SmallVec::new(),
+        }
+    }
+
+    /// Stamps a delivery's deadline, notes it for its group, and counts its bytes.
     fn take(
-        &self,
+        &mut self,
         mut message: pb::Delivery,
         seq: u64,
-        group: &mpsc::UnboundedSender<GroupCmd>,
+        group: mpsc::UnboundedSender<GroupCmd>,
     ) -> pb::Delivery {
         stamp_deadline(&mut message, self.ack_timeout);
         self.meter
             .delivered(message.event.as_ref().map_or(0, |e| e.data.len()));
-        let _ = group.send(GroupCmd::Written {
-            seq,
-            session: self.session,
-            at: Instant::now(),
-        });
+        match self
+            .written
+            .iter_mut()
+            .find(|(to, _)| to.same_channel(&group))
+        {
+            Some((_, seqs)) => seqs.push(seq),
+            None => self.written.push((group, vec![seq])),
+        }
         message
+    }
+
+    /// Tells each group which of its deliveries were taken. Called before the message is
+    /// handed to the transport, so a group hears of a delivery before its client can ACK it.
+    fn tell(self) {
+        for (group, seqs) in self.written {
+            let _ = group.send(GroupCmd::Written {
+                seqs,
+                session: self.session,
+                at: self.at,
+            });
+        }
     }
 }
 
@@ -155,11 +187,7 @@ impl Stream for Responses {
                 Poll::Pending => return Poll::Pending,
             },
         };
-        let taker = Taker {
-            session: this.session,
-            ack_timeout: this.ack_timeout,
-            meter: &this.meter,
-        };
+        let mut taker = Taker::new(this.session, this.ack_timeout, &this.meter);
         let queued = this.items.len().min(MAX_BATCH_ITEMS - 1);
         if queued == 0 || matches!(first, Prepared::End(_)) {
             // A lone item keeps its single form (and needs no batch); an end ends the stream.
@@ -168,10 +196,11 @@ impl Stream for Responses {
                     message,
                     seq,
                     group,
-                } => subscribe_response::Kind::Delivery(taker.take(message, seq, &group)),
+                } => subscribe_response::Kind::Delivery(taker.take(message, seq, group)),
                 Prepared::Result(result) => subscribe_response::Kind::AckResult(result),
                 Prepared::End(status) => return Poll::Ready(Some(Err(status))),
             };
+            taker.tell();
             return Poll::Ready(Some(Ok(SubscribeResponse { kind: Some(kind) })));
         }
         let mut bytes = encoded_len(&first);
@@ -179,7 +208,7 @@ impl Stream for Responses {
         // several times per message).
         let capacity = queued + 1;
         let mut batch = pb::ResponseBatch::default();
-        let add = |batch: &mut pb::ResponseBatch, item| match item {
+        let mut add = |batch: &mut pb::ResponseBatch, item| match item {
             Prepared::Delivery {
                 message,
                 seq,
@@ -188,7 +217,7 @@ impl Stream for Responses {
                 if batch.deliveries.capacity() == 0 {
                     batch.deliveries.reserve_exact(capacity);
                 }
-                batch.deliveries.push(taker.take(message, seq, &group));
+                batch.deliveries.push(taker.take(message, seq, group));
             }
             Prepared::Result(result) => {
                 if batch.ack_results.capacity() == 0 {
@@ -214,6 +243,7 @@ impl Stream for Responses {
             count += 1;
             add(&mut batch, next);
         }
+        taker.tell();
         let kind = match (batch.deliveries.len(), batch.ack_results.len()) {
             (1, 0) => batch
                 .deliveries
@@ -339,10 +369,10 @@ mod tests {
         assert!(matches!(
             h.written.try_recv(),
             Ok(GroupCmd::Written {
-                seq: 1,
+                seqs,
                 session: 7,
                 ..
-            })
+            }) if seqs == [1]
         ));
         h.result(&id_of(1)).await;
         assert!(matches!(
@@ -388,14 +418,18 @@ mod tests {
             h.next().await,
             subscribe_response::Kind::Delivery(_)
         ));
-        let mut written = 0;
-        while let Ok(GroupCmd::Written { .. }) = h.written.try_recv() {
-            written += 1;
+        let mut written = Vec::new();
+        let mut notices = 0;
+        while let Ok(GroupCmd::Written { seqs, .. }) = h.written.try_recv() {
+            written.extend(seqs);
+            notices += 1;
         }
         assert_eq!(
-            written, 301,
-            "every delivery's group is told it was written"
+            written,
+            (0..=300).collect::<Vec<u64>>(),
+            "every delivery's group is told it was written, in order"
         );
+        assert_eq!(notices, 3, "once per message");
     }
 
     #[tokio::test]

@@ -596,18 +596,16 @@ impl SessionTask {
     fn handle(&self, message: SubscribeRequest) -> Result<(), Status> {
         match message.kind {
             Some(subscribe_request::Kind::Ack(ack)) => {
-                for id in ack.delivery_ids {
-                    self.route(id, SettleOp::Ack);
-                }
+                self.route(ack.delivery_ids, SettleOp::Ack);
             }
             Some(subscribe_request::Kind::Nack(nack)) => {
                 let delay =
                     (nack.delay_ms > 0).then(|| Duration::from_millis(nack.delay_ms.into()));
-                self.route(nack.delivery_id, SettleOp::Nack(delay));
+                self.route([nack.delivery_id], SettleOp::Nack(delay));
             }
             Some(subscribe_request::Kind::Extend(extend)) => {
                 let extra = Duration::from_millis(extend.extra_ms.into());
-                self.route(extend.delivery_id, SettleOp::Extend(extra));
+                self.route([extend.delivery_id], SettleOp::Extend(extra));
             }
             Some(subscribe_request::Kind::Open(_)) => {
                 return Err(Status::failed_precondition(
@@ -621,32 +619,65 @@ impl SessionTask {
         Ok(())
     }
 
-    /// Sends a request about one delivery to the group that issued it, or answers UNKNOWN.
-    fn route(&self, raw_id: String, op: SettleOp) {
-        let unknown = |detail: &str| {
-            metrics::counter!("dispatcher_unknown_delivery_ids_total").increment(1);
-            let _ = self.out_tx.send(Outbound::Result(pb::AckResult {
-                delivery_id: raw_id.clone(),
-                outcome: AckOutcome::Unknown as i32,
-                detail: detail.to_owned(),
-            }));
-        };
-        // (The id is cloned only on these rare paths; the routed command takes it.)
-        let Some(id) = DeliveryId::parse(&raw_id) else {
-            return unknown("malformed delivery id");
-        };
-        if id.epoch != self.shared.epoch {
-            return unknown("not issued by this instance since its last start");
+    /// Sends requests about deliveries to the group shards that issued them, one command per
+    /// run of ids of one shard (one client message's ACKs nearly always make one run), and
+    /// answers UNKNOWN for the ids no live group here issued.
+    fn route(&self, raw_ids: impl IntoIterator<Item = String>, op: SettleOp) {
+        /// Consecutive ids of one group shard.
+        struct Run {
+            group: u64,
+            shard: mpsc::UnboundedSender<GroupCmd>,
+            ids: Vec<(DeliveryId, String)>,
         }
-        let Some(shard) = self.shared.shard_by_number(id.group) else {
-            return unknown("its subscription group has ended on this instance");
+        let settle = |run: Run| {
+            let _ = run.shard.send(GroupCmd::Settle {
+                op,
+                ids: run.ids,
+                client: self.client.clone(),
+                reply_to: self.out_tx.clone(),
+            });
         };
-        let _ = shard.send(GroupCmd::Settle {
-            op,
-            id,
-            raw_id,
-            client: self.client.clone(),
-            reply_to: self.out_tx.clone(),
-        });
+        let mut run: Option<Run> = None;
+        for raw_id in raw_ids {
+            let Some(id) = DeliveryId::parse(&raw_id) else {
+                self.unknown(raw_id, "malformed delivery id");
+                continue;
+            };
+            if id.epoch != self.shared.epoch {
+                self.unknown(raw_id, "not issued by this instance since its last start");
+                continue;
+            }
+            if let Some(run) = &mut run
+                && run.group == id.group
+            {
+                run.ids.push((id, raw_id));
+                continue;
+            }
+            let Some(shard) = self.shared.shard_by_number(id.group) else {
+                self.unknown(raw_id, "its subscription group has ended on this instance");
+                continue;
+            };
+            let next = Run {
+                group: id.group,
+                shard,
+                ids: vec![(id, raw_id)],
+            };
+            if let Some(done) = run.replace(next) {
+                settle(done);
+            }
+        }
+        if let Some(done) = run {
+            settle(done);
+        }
+    }
+
+    /// Answers UNKNOWN for a delivery id no live group here issued.
+    fn unknown(&self, raw_id: String, detail: &str) {
+        metrics::counter!("dispatcher_unknown_delivery_ids_total").increment(1);
+        let _ = self.out_tx.send(Outbound::Result(pb::AckResult {
+            delivery_id: raw_id,
+            outcome: AckOutcome::Unknown as i32,
+            detail: detail.to_owned(),
+        }));
     }
 }

@@ -177,10 +177,11 @@ async fn a_client_cannot_settle_another_clients_delivery() {
     let instance = Instance::start(fast_settings()).await;
     instance.create_topic("owned", 1).await;
     let mut client = instance.client().await;
-    publish(&mut client, "owned", 0..1).await;
+    publish(&mut client, "owned", 0..2).await;
     let addr = instance.dispatcher_addr();
     let mut owner = subscribe(addr, open("owner", "owned", "g", LB)).await;
-    let delivery = owner.deliveries(1, WAIT).await.remove(0);
+    let mut deliveries = owner.deliveries(2, WAIT).await;
+    let (delivery, second) = (deliveries.remove(0), deliveries.remove(0));
     let mut thief = subscribe(addr, open("thief", "other-topic", "", LB)).await;
     thief.ack(&[&delivery.delivery_id]).await;
     thief.nack(&delivery.delivery_id, 0).await;
@@ -197,8 +198,21 @@ async fn a_client_cannot_settle_another_clients_delivery() {
     let foreign_group = parts.join(".");
     parts[0] = "1".into();
     let foreign_epoch = parts.join(".");
-    owner.ack(&[&foreign_group, &foreign_epoch]).await;
-    let results = owner.results(2, WAIT).await;
+    // Mixed in one message with a good id and a malformed one: each is answered on its own.
+    owner
+        .ack(&[
+            &foreign_group,
+            &second.delivery_id,
+            "not-an-id",
+            &foreign_epoch,
+        ])
+        .await;
+    let results = owner.results(4, WAIT).await;
     assert_eq!(outcome_of(&results, &foreign_group), AckOutcome::Unknown);
     assert_eq!(outcome_of(&results, &foreign_epoch), AckOutcome::Unknown);
+    assert_eq!(outcome_of(&results, "not-an-id"), AckOutcome::Unknown);
+    assert_eq!(
+        outcome_of(&results, &second.delivery_id),
+        AckOutcome::Durable
+    );
 }

@@ -12,7 +12,8 @@
 //! An opaque body or header set that cannot fit a frame is [`BodyKind::MalformedFrame`] too, so
 //! it reaches the dead-letter topic with its reason instead of vanishing. Every result is
 //! stamped with `emmqpartition` and `emmqoffset` (and `empopck` when the broker needs an ACK)
-//! and encoded.
+//! and encoded. Our own frames, the common case, are stamped by appending to their bytes
+//! (checked without allocating, one copy); the result decodes exactly as the general path's.
 //!
 //! Fidelity with other producers' records:
 //! * header values are kept byte for byte: UTF-8 text as is, anything else base64-encoded and
@@ -32,10 +33,12 @@ use base64::Engine as _;
 use bytes::Bytes;
 use eventmesh_common::dead_letter::ENVELOPE_LIMITS;
 use eventmesh_common::frame::{
-    ATTR_MQ_OFFSET, ATTR_MQ_PARTITION, ATTR_POP_CK, Frame, FrameLimits, sniff,
+    ATTR_MQ_OFFSET, ATTR_MQ_PARTITION, ATTR_POP_CK, Frame, FrameLimits, FrameView,
+    append_attributes, is_runtime_stamp, sniff,
 };
 use eventmesh_common::keys::PartitionId;
 use eventmesh_common::trace_context::{EventTrace, Operation, TRACEPARENT};
+use smallvec::SmallVec;
 
 /// What the MQ body was.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -88,6 +91,9 @@ pub fn ingest(
     origin: &Origin<'_>,
     limits: &FrameLimits,
 ) -> Ingested {
+    if let Some(stamped) = stamp_in_place(&body, origin, limits) {
+        return stamped;
+    }
     let (kind, converted) = if sniff(&body) {
         (
             BodyKind::Frame,
@@ -100,22 +106,16 @@ pub fn ingest(
     };
     let mut traceparent = String::new();
     let stamped = converted.and_then(|mut frame| {
-        if let Some(text) = frame.attribute(TRACEPARENT)
-            && let Some(trace) = EventTrace::parse(text)
-        {
-            traceparent = text.to_owned();
-            pulled_span(&trace, &frame, origin);
-        }
+        traceparent = traced(frame.attribute(TRACEPARENT), frame.attribute("id"), origin);
         if frame.attribute("id").is_none_or(str::is_empty) {
             frame.set_attribute(
                 "id",
                 format!("{}/{}/{}", origin.topic, origin.partition, origin.offset),
             );
         }
-        frame.set_attribute(ATTR_MQ_PARTITION, origin.partition.as_str());
-        frame.set_attribute(ATTR_MQ_OFFSET, origin.offset.to_string());
-        if let Some(pop_ck) = origin.pop_ck {
-            frame.set_attribute(ATTR_POP_CK, pop_ck);
+        let offset = origin.offset.to_string();
+        for (name, value) in stamps(origin, &offset) {
+            frame.set_attribute(name, value);
         }
         // Room for the stamps: a frame that met every limit at Publish still passes.
         frame.encode(&limits.stamped()).map_err(|e| e.to_string())
@@ -134,15 +134,67 @@ pub fn ingest(
     }
 }
 
+/// The common case, one of our own frames with its id and without stamps, stamped without
+/// decoding it into owned attributes and encoding it again: the stamps are appended to the
+/// bytes ([`append_attributes`]), which decodes to what the general path builds. `None` when
+/// the body needs the general path (not a frame, broken, no id, already stamped).
+fn stamp_in_place(body: &Bytes, origin: &Origin<'_>, limits: &FrameLimits) -> Option<Ingested> {
+    if !sniff(body) {
+        return None;
+    }
+    let view = FrameView::decode(body, limits).ok()?;
+    if view.attribute("id").is_none_or(str::is_empty)
+        || view
+            .attributes()
+            .iter()
+            .any(|(name, _)| is_runtime_stamp(name))
+    {
+        return None;
+    }
+    let offset = origin.offset.to_string();
+    let stamps = stamps(origin, &offset);
+    let frame = append_attributes(body, &stamps, &limits.stamped()).ok()?;
+    let traceparent = traced(view.attribute(TRACEPARENT), view.attribute("id"), origin);
+    Some(Ingested {
+        kind: BodyKind::Frame,
+        frame,
+        malformed_reason: None,
+        traceparent,
+    })
+}
+
+/// The stamps of a record from `origin` (`offset` is its offset as text).
+fn stamps<'a>(origin: &Origin<'a>, offset: &'a str) -> SmallVec<[(&'a str, &'a str); 3]> {
+    let mut stamps = SmallVec::new();
+    stamps.push((ATTR_MQ_PARTITION, origin.partition.as_str()));
+    stamps.push((ATTR_MQ_OFFSET, offset));
+    if let Some(pop_ck) = origin.pop_ck {
+        stamps.push((ATTR_POP_CK, pop_ck));
+    }
+    stamps
+}
+
+/// The event's sampled trace context as text (empty when it has none), recording the read in
+/// a `pull <topic>` span when it has one.
+fn traced(traceparent: Option<&str>, id: Option<&str>, origin: &Origin<'_>) -> String {
+    match traceparent.and_then(|text| Some((text, EventTrace::parse(text)?))) {
+        Some((text, trace)) => {
+            pulled_span(&trace, id, origin);
+            text.to_owned()
+        }
+        None => String::new(),
+    }
+}
+
 /// Records the read of a traced event: a `pull <topic>` span, child of its context.
-fn pulled_span(trace: &EventTrace, frame: &Frame, origin: &Origin<'_>) {
+fn pulled_span(trace: &EventTrace, id: Option<&str>, origin: &Origin<'_>) {
     let span = trace.span(Operation::PULL, origin.topic.as_str());
     span.record(
         "messaging.destination.partition.id",
         origin.partition.as_str(),
     );
     span.record("eventmesh.offset", origin.offset);
-    if let Some(id) = frame.attribute("id") {
+    if let Some(id) = id {
         span.record("messaging.message.id", id);
     }
 }
@@ -272,6 +324,41 @@ mod tests {
         assert_eq!(stamped.attribute("emmqpartition"), Some("3"));
         assert_eq!(stamped.attribute("emmqoffset"), Some("41"));
         assert_eq!(&stamped.data[..], b"payload");
+    }
+
+    /// Frames the fast path leaves to the general one: stamped already (a dead-letter topic
+    /// read again: the new stamps replace the old, in place) or without an id.
+    #[test]
+    fn restamped_and_id_less_frames_take_the_general_path_with_the_same_result() {
+        let partition = PartitionId::number(3);
+        let origin = origin(&partition);
+        let mut own = Frame::event();
+        own.set_attribute("id", "e-1");
+        own.set_attribute("tenant", "a");
+        own.data = Bytes::from_static(b"payload");
+        let own = own.encode(&LIMITS).unwrap();
+        let fast = stamp_in_place(&own, &origin, &LIMITS).expect("the fast path");
+        assert_eq!(fast, ingest(own.clone(), &[], &origin, &LIMITS));
+
+        let mut stamped = Frame::decode(&fast.frame, &LIMITS.stamped()).unwrap();
+        stamped.set_attribute("emmqoffset", "7");
+        let stamped = stamped.encode(&LIMITS.stamped()).unwrap();
+        assert!(stamp_in_place(&stamped, &origin, &LIMITS).is_none());
+        let again = ingest(stamped, &[], &origin, &LIMITS);
+        assert_eq!(again.kind, BodyKind::Frame);
+        let again = decoded(&again);
+        let names: Vec<&str> = again.attributes().iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(names, ["id", "tenant", "emmqpartition", "emmqoffset"]);
+        assert_eq!(again.attribute("emmqoffset"), Some("41"));
+
+        let mut no_id = Frame::event();
+        no_id.data = Bytes::from_static(b"x");
+        let no_id = no_id.encode(&LIMITS).unwrap();
+        assert!(stamp_in_place(&no_id, &origin, &LIMITS).is_none());
+        assert_eq!(
+            decoded(&ingest(no_id, &[], &origin, &LIMITS)).attribute("id"),
+            Some("orders/3/41")
+        );
     }
 
     #[test]

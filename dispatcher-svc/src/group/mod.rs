@@ -133,23 +133,22 @@ pub enum GroupCmd {
         /// Its id.
         session: u64,
     },
-    /// ACK / NACK / Extend of one delivery, answered on `reply_to`.
+    /// ACK / NACK / Extend of deliveries (those of one client message this shard issued),
+    /// each answered on `reply_to`.
     Settle {
         /// What to do.
         op: SettleOp,
-        /// The parsed id.
-        id: DeliveryId,
-        /// The id as the client sent it.
-        raw_id: String,
+        /// Each delivery: its parsed id and the id as the client sent it.
+        ids: Vec<(DeliveryId, String)>,
         /// The client asking.
         client: ClientId,
         /// Where its AckResult goes.
         reply_to: mpsc::UnboundedSender<Outbound>,
     },
-    /// A session's stream took a delivery.
+    /// A session's stream took deliveries into one message.
     Written {
-        /// The delivery.
-        seq: u64,
+        /// The deliveries, in the order taken.
+        seqs: Vec<u64>,
         /// The session.
         session: u64,
         /// When.
@@ -703,12 +702,15 @@ impl Group {
             GroupCmd::Leave { session } => self.leave(session),
             GroupCmd::Settle {
                 op,
-                id,
-                raw_id,
+                ids,
                 client,
                 reply_to,
-            } => self.settle_request(op, id, raw_id, &client, reply_to),
-            GroupCmd::Written { seq, session, at } => self.written(seq, session, at),
+            } => {
+                for (id, raw_id) in ids {
+                    self.settle_request(op, id, raw_id, &client, reply_to.clone());
+                }
+            }
+            GroupCmd::Written { seqs, session, at } => self.written(&seqs, session, at),
             GroupCmd::Pulled { batch, charge } => self.pulled(batch, charge),
             GroupCmd::Write {
                 tokens,
@@ -1348,7 +1350,7 @@ mod tests {
         let message = sending.into_message();
         commands
             .send(GroupCmd::Written {
-                seq,
+                seqs: vec![seq],
                 session: 1,
                 at: Instant::now(),
             })
@@ -1356,8 +1358,10 @@ mod tests {
         commands
             .send(GroupCmd::Settle {
                 op: SettleOp::Ack,
-                id: DeliveryId::parse(&message.delivery_id).unwrap(),
-                raw_id: message.delivery_id.clone(),
+                ids: vec![(
+                    DeliveryId::parse(&message.delivery_id).unwrap(),
+                    message.delivery_id.clone(),
+                )],
                 client: ClientId::new("app").unwrap(),
                 reply_to: out.clone(),
             })

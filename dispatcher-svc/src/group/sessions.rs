@@ -91,34 +91,34 @@ impl Group {
         }
     }
 
-    /// A session's stream took a delivery: its ACK clock starts, and the session is making
-    /// progress (no longer stalled), whatever became of that delivery meanwhile.
-    pub(super) fn written(&mut self, seq: u64, session: u64, at: Instant) {
+    /// A session's stream took deliveries (at `at`): their ACK clocks start, and the session
+    /// is making progress (no longer stalled), whatever became of those deliveries meanwhile.
+    pub(super) fn written(&mut self, seqs: &[u64], session: u64, at: Instant) {
         let timeout = self.shared.settings.ack_timeout();
-        let assigned_here = self
-            .deliveries
-            .get(&seq)
-            .is_some_and(|d| d.state == (DeliveryState::Assigned { session }));
-        if let Some(slot) = self.session_slot(session) {
-            if assigned_here {
-                slot.unwritten = slot.unwritten.saturating_sub(1);
+        let mut taken = 0u32;
+        let mut moved_on = false;
+        for &seq in seqs {
+            match self.deliveries.get_mut(&seq) {
+                Some(delivery) if delivery.state == (DeliveryState::Assigned { session }) => {
+                    taken += 1;
+                    delivery.state = DeliveryState::Sent { session };
+                    let deadline = at + timeout + delivery.extension.take().unwrap_or_default();
+                    set_timer(&mut self.timers, delivery, seq, deadline);
+                    crash_point(CrashPoint::AfterDeliver);
+                }
+                _ => moved_on = true, // settled or taken back meanwhile
             }
+        }
+        if let Some(slot) = self.session_slot(session) {
+            slot.unwritten = slot.unwritten.saturating_sub(taken);
             slot.waiting_since = (slot.unwritten > 0).then_some(at);
             if slot.link.credits.is_stalled() && slot.link.credits.set_stalled(false) {
                 tracing::info!(session, "stalled session reads again");
             }
         }
-        if !assigned_here {
+        if moved_on {
             self.pump();
-            return; // settled or taken back meanwhile
         }
-        let Some(delivery) = self.deliveries.get_mut(&seq) else {
-            return;
-        };
-        delivery.state = DeliveryState::Sent { session };
-        let deadline = at + timeout + delivery.extension.take().unwrap_or_default();
-        set_timer(&mut self.timers, delivery, seq, deadline);
-        crash_point(CrashPoint::AfterDeliver);
     }
 
     pub(super) fn session_slot(&mut self, session: u64) -> Option<&mut SessionSlot> {
