@@ -4,6 +4,10 @@
 use clap::Parser;
 use eventmesh_peer_bench::{Cli, run};
 
+/// mimalloc, as `emctl bench` (the other side's client) uses.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();

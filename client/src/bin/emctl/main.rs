@@ -13,6 +13,11 @@ mod up;
 
 use clap::{Parser, Subcommand};
 
+/// mimalloc, as the services use: `emctl bench` is the client side of the benchmarks, and
+/// `jetstream-bench` (its peer) uses the same allocator.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Debug, Parser)]
 #[command(
     name = "emctl",
