@@ -782,7 +782,9 @@ impl SessionTask {
             _ => &self.counters.no_op,
         };
         Counters::bump(counter);
+        // (Most ACKs have no waiter: the map is then empty and not even hashed into.)
         if outcome != AckOutcome::Pending
+            && !self.waiters.is_empty()
             && let Some(waiters) = self.waiters.remove(&result.delivery_id)
         {
             for waiter in waiters {

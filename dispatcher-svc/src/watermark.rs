@@ -15,7 +15,7 @@
 //! [`ClientWatermark`] is the same rule over one client's own deliveries in one partition: the
 //! highest offset such that every delivery this client received at or below it is settled.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, VecDeque};
 
 /// What to do with a pulled record, according to the group's tracker.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -31,12 +31,22 @@ pub enum Admission {
 }
 
 /// One group's gap-free watermark in one partition.
+///
+/// Admitted offsets are kept in a queue in ascending order — admission only ever appends, as
+/// each admitted offset is above the cover and so above every earlier one — each marked when
+/// it settles: appending and settling in order (nearly always) are O(1), any settle is a
+/// binary search. The front is always unsettled (settled ones are popped as it moves), and
+/// settled entries further in are compacted away once they outnumber the unsettled ones, so
+/// memory stays proportional to what is unsettled however long one offset stays so.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GroupWatermark {
     watermark: i64,
     /// One past the highest offset any pulled range covered.
     covered_next: i64,
-    unsettled: BTreeSet<i64>,
+    /// Admitted offsets above the watermark, ascending, with whether each has settled.
+    admitted: VecDeque<(i64, bool)>,
+    /// Entries of `admitted` not settled.
+    unsettled: usize,
 }
 
 impl GroupWatermark {
@@ -46,7 +56,8 @@ impl GroupWatermark {
         GroupWatermark {
             watermark: seed,
             covered_next: seed + 1,
-            unsettled: BTreeSet::new(),
+            admitted: VecDeque::new(),
+            unsettled: 0,
         }
     }
 
@@ -57,7 +68,14 @@ impl GroupWatermark {
 
     /// Offsets admitted and not yet settled.
     pub fn unsettled(&self) -> usize {
-        self.unsettled.len()
+        self.unsettled
+    }
+
+    /// Where `offset` is in the admitted queue.
+    fn find(&self, offset: i64) -> Option<usize> {
+        self.admitted
+            .binary_search_by_key(&offset, |(admitted, _)| *admitted)
+            .ok()
     }
 
     /// Classifies a pulled record; a [`Admission::Deliver`] record is tracked from now on.
@@ -66,12 +84,13 @@ impl GroupWatermark {
         if offset <= self.watermark {
             Admission::BelowWatermark
         } else if offset >= self.covered_next {
-            self.unsettled.insert(offset);
+            self.admitted.push_back((offset, false));
+            self.unsettled += 1;
             // Records of a batch arrive before its range: keep the cover ahead of them so a
             // duplicate inside the same batch is recognised.
             self.covered_next = offset + 1;
             Admission::Deliver
-        } else if self.unsettled.contains(&offset) {
+        } else if self.find(offset).is_some_and(|at| !self.admitted[at].1) {
             Admission::InFlight
         } else {
             Admission::SettledAbove
@@ -90,15 +109,25 @@ impl GroupWatermark {
 
     /// Settles an admitted offset. Returns the new watermark if it moved.
     pub fn settle(&mut self, offset: i64) -> Option<i64> {
-        if !self.unsettled.remove(&offset) {
+        let at = self.find(offset)?;
+        let entry = &mut self.admitted[at];
+        if entry.1 {
             return None;
+        }
+        entry.1 = true;
+        self.unsettled -= 1;
+        while self.admitted.front().is_some_and(|(_, settled)| *settled) {
+            self.admitted.pop_front();
+        }
+        if self.admitted.len() > 2 * self.unsettled + 64 {
+            self.admitted.retain(|(_, settled)| !settled);
         }
         self.recompute()
     }
 
     fn recompute(&mut self) -> Option<i64> {
-        let next = match self.unsettled.first() {
-            Some(lowest) => lowest - 1,
+        let next = match self.admitted.front() {
+            Some((lowest, _)) => lowest - 1,
             None => self.covered_next - 1,
         };
         (next > self.watermark).then(|| {
@@ -257,6 +286,101 @@ mod tests {
         assert_eq!(tracker.settle(7), Some(9));
         assert_eq!(tracker.settle(7), None, "a second settle changes nothing");
         assert_eq!(tracker.settle(1_000), None, "never admitted");
+    }
+
+    /// One offset left unsettled while thousands after it settle out of order: the tracker
+    /// keeps only a bounded number of settled entries, and every answer stays right.
+    #[test]
+    fn one_stuck_offset_keeps_memory_bounded_and_answers_right() {
+        let mut tracker = GroupWatermark::new(-1);
+        for offset in 0..10_000 {
+            assert_eq!(tracker.admit(offset), Admission::Deliver);
+        }
+        tracker.cover(10_000);
+        // Settle everything but 0, odd offsets first, then even ones from the top down.
+        let order = (1..10_000)
+            .filter(|o| o % 2 == 1)
+            .chain((1..10_000).rev().filter(|o| o % 2 == 0));
+        for offset in order {
+            assert_eq!(tracker.settle(offset), None, "0 holds the watermark");
+            assert!(
+                tracker.admitted.len() <= 2 * tracker.unsettled() + 65,
+                "{} entries for {} unsettled",
+                tracker.admitted.len(),
+                tracker.unsettled()
+            );
+        }
+        assert_eq!(tracker.unsettled(), 1);
+        assert_eq!(tracker.admit(0), Admission::InFlight);
+        assert_eq!(tracker.admit(5_000), Admission::SettledAbove);
+        assert_eq!(tracker.settle(5_000), None, "settled already");
+        assert_eq!(tracker.admit(10_000), Admission::Deliver);
+        assert_eq!(tracker.settle(0), Some(9_999));
+        assert_eq!(tracker.settle(10_000), Some(10_000));
+        assert_eq!(tracker.unsettled(), 0);
+    }
+
+    /// The rule, as plainly as it can be said: an ordered set of unsettled offsets.
+    struct Model {
+        watermark: i64,
+        covered_next: i64,
+        unsettled: BTreeSet<i64>,
+    }
+
+    impl Model {
+        fn admit(&mut self, offset: i64) -> Admission {
+            if offset <= self.watermark {
+                Admission::BelowWatermark
+            } else if offset >= self.covered_next {
+                self.unsettled.insert(offset);
+                self.covered_next = offset + 1;
+                Admission::Deliver
+            } else if self.unsettled.contains(&offset) {
+                Admission::InFlight
+            } else {
+                Admission::SettledAbove
+            }
+        }
+
+        fn recompute(&mut self) -> Option<i64> {
+            let next = self
+                .unsettled
+                .first()
+                .map_or(self.covered_next - 1, |lowest| lowest - 1);
+            (next > self.watermark).then(|| {
+                self.watermark = next;
+                next
+            })
+        }
+    }
+
+    proptest::proptest! {
+        /// Random admissions, covers and settles (repeats and strays included) answer as the
+        /// plain model does, step by step.
+        #[test]
+        fn the_queue_answers_as_an_ordered_set(
+            steps in proptest::collection::vec((0u8..3, 0i64..300), 1..600)
+        ) {
+            let mut tracker = GroupWatermark::new(-1);
+            let mut model = Model { watermark: -1, covered_next: 0, unsettled: BTreeSet::new() };
+            for (kind, offset) in steps {
+                match kind {
+                    0 => proptest::prop_assert_eq!(tracker.admit(offset), model.admit(offset)),
+                    1 => {
+                        if offset > model.covered_next {
+                            model.covered_next = offset;
+                        }
+                        proptest::prop_assert_eq!(tracker.cover(offset), model.recompute());
+                    }
+                    _ => {
+                        let expected = model.unsettled.remove(&offset).then(|| model.recompute()).flatten();
+                        proptest::prop_assert_eq!(tracker.settle(offset), expected);
+                    }
+                }
+                proptest::prop_assert_eq!(tracker.watermark(), model.watermark);
+                proptest::prop_assert_eq!(tracker.unsettled(), model.unsettled.len());
+            }
+        }
     }
 
     #[test]
