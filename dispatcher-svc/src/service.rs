@@ -459,6 +459,9 @@ impl EventMeshService for EventMeshGrpc {
         )?;
         let session_id = self.shared.next_session_id();
         let (out_tx, out_rx) = mpsc::unbounded_channel();
+        // ACK answers travel apart from deliveries, so they overtake the deliveries waiting
+        // for this client to read (see SessionTask::run).
+        let (answers_tx, answers_rx) = mpsc::unbounded_channel();
         let link = SessionLink {
             id: session_id,
             client: session.client.clone(),
@@ -498,7 +501,8 @@ impl EventMeshService for EventMeshGrpc {
         let task = SessionTask {
             shared: Arc::clone(&self.shared),
             client: session.client,
-            out_tx,
+            answers: answers_tx,
+            _deliveries: out_tx,
             responses,
             shards: handle.shards.len(),
         };
@@ -507,7 +511,7 @@ impl EventMeshService for EventMeshGrpc {
         let meter = Arc::clone(&self.shared.meter);
         tokio::spawn(
             async move {
-                task.run(inbound, out_rx, shutdown).await;
+                task.run(inbound, out_rx, answers_rx, shutdown).await;
                 drop(stream_slot);
                 meter.session_closed(task.client.as_str());
                 group.leave(session_id);
@@ -529,7 +533,11 @@ impl EventMeshService for EventMeshGrpc {
 struct SessionTask {
     shared: Arc<Shared>,
     client: ClientId,
-    out_tx: mpsc::UnboundedSender<Outbound>,
+    /// Where the answers to this session's ACKs, NACKs and Extends go (`reply_to`).
+    answers: mpsc::UnboundedSender<Outbound>,
+    /// Keeps the channel of deliveries open while the session lives: a group that drops its
+    /// link ends the session by its `End`, not by closing the channel.
+    _deliveries: mpsc::UnboundedSender<Outbound>,
     responses: mpsc::Sender<Outbound>,
     /// Shards of its group: a drain ends the session once every one of them said so.
     shards: usize,
@@ -540,29 +548,32 @@ impl SessionTask {
         &self,
         mut inbound: Streaming<SubscribeRequest>,
         mut out_rx: mpsc::UnboundedReceiver<Outbound>,
+        mut answers_rx: mpsc::UnboundedReceiver<Outbound>,
         shutdown: CancellationToken,
     ) {
         let mut drain_until = None;
         let mut drained_shards = 0;
         loop {
+            // In this order: a stop; then ACK answers, which overtake the deliveries still
+            // waiting here (up to the session's in-flight limit of them) — an answer never
+            // waits for the client to read deliveries sent after it was decided; then the
+            // client's requests; then deliveries. An answer decided before a group's `End`
+            // is forwarded before it.
             tokio::select! {
-                outbound = out_rx.recv() => {
-                    let Some(outbound) = outbound else { return };
-                    // A drained shard has nothing of this session left unsettled; the session
-                    // moves once every shard of its group is drained (the others may still
-                    // wait for its ACKs).
-                    if let Outbound::End(status) = &outbound
-                        && status.metadata().get(DRAINING_METADATA).is_some()
-                    {
-                        drained_shards += 1;
-                        if drained_shards < self.shards {
-                            continue;
-                        }
-                    }
-                    let ends = matches!(outbound, Outbound::End(_));
-                    // Waits while the client does not read: then its messages are not read
-                    // either, which bounds what it can make us queue.
-                    if self.responses.send(outbound).await.is_err() || ends {
+                biased;
+                // A graceful stop: the group delivers nothing new and ends this stream with
+                // the draining status once what it sent is ACKed and durable; this stream keeps
+                // carrying ACKs and their answers until then, or until the drain window ends.
+                () = shutdown.cancelled(), if drain_until.is_none() => {
+                    drain_until = Some(std::time::Instant::now() + self.shared.settings.drain());
+                }
+                () = crate::group::sleep_until(drain_until) => {
+                    let _ = self.responses.send(Outbound::End(Status::unavailable("the instance is shutting down and the drain window ended before every delivery of this session was ACKed and durable (those come again); reconnect (Recommend names another instance)"))).await;
+                    return;
+                }
+                answer = answers_rx.recv() => {
+                    let Some(answer) = answer else { return };
+                    if self.responses.send(answer).await.is_err() {
                         return;
                     }
                 }
@@ -579,15 +590,34 @@ impl SessionTask {
                         return;
                     }
                 },
-                // A graceful stop: the group delivers nothing new and ends this stream with
-                // the draining status once what it sent is ACKed and durable; this stream keeps
-                // carrying ACKs and their answers until then, or until the drain window ends.
-                () = shutdown.cancelled(), if drain_until.is_none() => {
-                    drain_until = Some(std::time::Instant::now() + self.shared.settings.drain());
-                }
-                () = crate::group::sleep_until(drain_until) => {
-                    let _ = self.responses.send(Outbound::End(Status::unavailable("the instance is shutting down and the drain window ended before every delivery of this session was ACKed and durable (those come again); reconnect (Recommend names another instance)"))).await;
-                    return;
+                outbound = out_rx.recv() => {
+                    let Some(outbound) = outbound else { return };
+                    // A drained shard has nothing of this session left unsettled; the session
+                    // moves once every shard of its group is drained (the others may still
+                    // wait for its ACKs).
+                    if let Outbound::End(status) = &outbound
+                        && status.metadata().get(DRAINING_METADATA).is_some()
+                    {
+                        drained_shards += 1;
+                        if drained_shards < self.shards {
+                            continue;
+                        }
+                    }
+                    let ends = matches!(outbound, Outbound::End(_));
+                    if ends {
+                        // Answers the group sent before its `End` are all here by now (it sent
+                        // them first): they go out before the stream ends.
+                        while let Ok(answer) = answers_rx.try_recv() {
+                            if self.responses.send(answer).await.is_err() {
+                                return;
+                            }
+                        }
+                    }
+                    // Waits while the client does not read: then its messages are not read
+                    // either, which bounds what it can make us queue.
+                    if self.responses.send(outbound).await.is_err() || ends {
+                        return;
+                    }
                 }
             }
         }
@@ -634,7 +664,7 @@ impl SessionTask {
                 op,
                 ids: run.ids,
                 client: self.client.clone(),
-                reply_to: self.out_tx.clone(),
+                reply_to: self.answers.clone(),
             });
         };
         let mut run: Option<Run> = None;
@@ -674,7 +704,7 @@ impl SessionTask {
     /// Answers UNKNOWN for a delivery id no live group here issued.
     fn unknown(&self, raw_id: String, detail: &str) {
         metrics::counter!("dispatcher_unknown_delivery_ids_total").increment(1);
-        let _ = self.out_tx.send(Outbound::Result(pb::AckResult {
+        let _ = self.answers.send(Outbound::Result(pb::AckResult {
             delivery_id: raw_id,
             outcome: AckOutcome::Unknown as i32,
             detail: detail.to_owned(),

@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use eventmesh_common::dead_letter::DeadLetter;
+use eventmesh_proto::client as pb;
 use eventmesh_proto::client::{AckOutcome, SubscriptionMode};
 use support::*;
 
@@ -389,6 +390,60 @@ async fn offset_svc_outage_makes_acks_pending_without_redelivery_or_dead_letters
 /// A group spread over two shards: a session's in-flight limit is one pool both shards take
 /// from, so it never holds more than its limit however many shards deliver to it, and a shard
 /// that found the pool empty delivers again once the other shard's ACK gives a credit back.
+/// An ACK's answer does not wait behind the deliveries queued for a client that is slow to
+/// read: it overtakes them. 3,000 events of 4 KiB (12 MiB, far more than the transport's
+/// windows hold) go to one session that reads one message, ACKs and then reads on; the answer
+/// must come before most of the rest (behind them all, as it used to, it would come after
+/// every one). The ACK names an id no group issued, answered at once, so what is measured is
+/// the queueing alone, not how long an offset write takes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acks_answer_overtakes_the_deliveries_queued_for_a_slow_reader() {
+    const EVENTS: usize = 3_000;
+    let instance = Instance::start(fast_settings()).await;
+    instance.create_topic("bulky", 1).await;
+    let mut client = instance.client().await;
+    let payload = Bytes::from(vec![b'x'; 4096]);
+    for chunk in 0..(EVENTS / 500) {
+        let entries = (0..500)
+            .map(|n| pb::PublishEntry {
+                event: Some(pb::Event {
+                    id: format!("bulky-{chunk}-{n}"),
+                    source: "/test".into(),
+                    r#type: "test".into(),
+                    data: payload.clone(),
+                    ..pb::Event::default()
+                }),
+                key: String::new(),
+            })
+            .collect();
+        client
+            .publish_batch(pb::PublishBatchRequest {
+                topic: "bulky".into(),
+                entries,
+            })
+            .await
+            .unwrap();
+    }
+    let mut open = open("reader", "bulky", "g", LB);
+    open.max_in_flight = EVENTS as u32;
+    let mut session = subscribe(instance.dispatcher_addr(), open).await;
+    let first = session.deliveries(1, WAIT).await;
+    assert_eq!(first.len(), 1);
+    // Let the group queue everything for this session before the ACK arrives.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    session.ack(&["not-an-id"]).await;
+    let result = session.results(1, WAIT).await;
+    assert_eq!(result[0].outcome(), AckOutcome::Unknown);
+    let before = session.deliveries.len();
+    assert!(
+        before < EVENTS * 2 / 3,
+        "the answer came after {before} of the {} other deliveries",
+        EVENTS - 1
+    );
+    let rest = session.deliveries(EVENTS - 1, WAIT).await;
+    assert_eq!(rest.len(), EVENTS - 1, "every delivery still comes");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sessions_in_flight_limit_binds_every_shard_of_its_group_together() {
     let instance = Instance::start(dispatcher_svc::config::DeliverySettings {
