@@ -303,7 +303,7 @@ impl Frame {
             + self
                 .attributes
                 .iter()
-                .map(|(n, v)| 2 + n.len() + 4 + v.len())
+                .map(|(n, v)| attribute_len(n, v))
                 .sum::<usize>()
             + self.data.len()
     }
@@ -313,16 +313,10 @@ impl Frame {
         check_count(self.attributes.len(), limits)?;
         check_data_len(self.data.len() as i64, limits)?;
         for (name, value) in &self.attributes {
-            check_name_len(name.len(), limits)?;
-            check_value_len(value.len() as i64, limits)?;
+            check_attribute(name, value, limits)?;
         }
         let len = self.encoded_len();
-        if len > limits.max_frame_bytes {
-            return Err(FrameError::FrameLength {
-                len,
-                max: limits.max_frame_bytes,
-            });
-        }
+        check_frame_len(len, limits)?;
         let mut out = BytesMut::with_capacity(len);
         out.put_u8(MAGIC);
         out.put_u8(VERSION);
@@ -333,10 +327,7 @@ impl Frame {
         out.put_u16(self.attributes.len() as u16);
         out.put_i32(self.data.len() as i32);
         for (name, value) in &self.attributes {
-            out.put_u16(name.len() as u16);
-            out.put_slice(name.as_bytes());
-            out.put_i32(value.len() as i32);
-            out.put_slice(value.as_bytes());
+            put_attribute(&mut out, name, value);
         }
         out.put_slice(&self.data);
         Ok(out.freeze())
@@ -389,16 +380,10 @@ pub fn append_attributes(
         })?;
     let mut len = body.len();
     for (name, value) in extra {
-        check_name_len(name.len(), limits)?;
-        check_value_len(value.len() as i64, limits)?;
-        len += 2 + name.len() + 4 + value.len();
+        check_attribute(name, value, limits)?;
+        len += attribute_len(name, value);
     }
-    if len > limits.max_frame_bytes {
-        return Err(FrameError::FrameLength {
-            len,
-            max: limits.max_frame_bytes,
-        });
-    }
+    check_frame_len(len, limits)?;
     let mut out = BytesMut::with_capacity(len);
     out.put_slice(&body[..8]);
     // `check_count` keeps the count within u16 for any limits a frame can be decoded with.
@@ -410,10 +395,7 @@ pub fn append_attributes(
     );
     out.put_slice(&body[10..attributes_end]);
     for (name, value) in extra {
-        out.put_u16(name.len() as u16);
-        out.put_slice(name.as_bytes());
-        out.put_i32(value.len() as i32);
-        out.put_slice(value.as_bytes());
+        put_attribute(&mut out, name, value);
     }
     out.put_slice(&body[attributes_end..]);
     Ok(out.freeze())
@@ -506,12 +488,7 @@ pub const INLINE_ATTRIBUTES: usize = 12;
 impl<'a> FrameView<'a> {
     /// Decodes a frame, enforcing `limits`.
     pub fn decode(buf: &'a Bytes, limits: &FrameLimits) -> Result<FrameView<'a>, FrameError> {
-        if buf.len() > limits.max_frame_bytes {
-            return Err(FrameError::FrameLength {
-                len: buf.len(),
-                max: limits.max_frame_bytes,
-            });
-        }
+        check_frame_len(buf.len(), limits)?;
         let header = Header::parse(buf)?;
         check_count(header.key_count, limits)?;
         check_data_len(header.data_len, limits)?;
@@ -612,6 +589,35 @@ impl<'a> Reader<'a> {
         let bytes = self.slice(len, what)?;
         std::str::from_utf8(bytes).map_err(|_| FrameError::InvalidUtf8 { what })
     }
+}
+
+/// Encoded size of one attribute.
+fn attribute_len(name: &str, value: &str) -> usize {
+    2 + name.len() + 4 + value.len()
+}
+
+/// Writes one attribute; its lengths must have passed [`check_attribute`] (which keeps the
+/// length casts lossless).
+fn put_attribute(out: &mut BytesMut, name: &str, value: &str) {
+    out.put_u16(name.len() as u16);
+    out.put_slice(name.as_bytes());
+    out.put_i32(value.len() as i32);
+    out.put_slice(value.as_bytes());
+}
+
+fn check_attribute(name: &str, value: &str, limits: &FrameLimits) -> Result<(), FrameError> {
+    check_name_len(name.len(), limits)?;
+    check_value_len(value.len() as i64, limits)
+}
+
+fn check_frame_len(len: usize, limits: &FrameLimits) -> Result<(), FrameError> {
+    if len > limits.max_frame_bytes {
+        return Err(FrameError::FrameLength {
+            len,
+            max: limits.max_frame_bytes,
+        });
+    }
+    Ok(())
 }
 
 fn check_count(count: usize, limits: &FrameLimits) -> Result<(), FrameError> {

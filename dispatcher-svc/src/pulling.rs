@@ -227,11 +227,12 @@ async fn run(
                     if let Some(holder) = status.metadata().get(HOLDER_METADATA) {
                         let holder = holder.to_str().unwrap_or("another dispatcher").to_owned();
                         tracing::warn!(group = %key, holder, "the group's reader was attached by another dispatcher; this instance gives the group up");
+                        let status = tonic::Status::unavailable(format!(
+                            "subscription group {key} is now served by dispatcher {holder}; reconnect"
+                        ));
                         for shard in group.iter() {
                             let _ = shard.send(GroupCmd::End {
-                                status: tonic::Status::unavailable(format!(
-                                    "subscription group {key} is now served by dispatcher {holder}; reconnect"
-                                )),
+                                status: status.clone(),
                                 reply: None,
                             });
                         }

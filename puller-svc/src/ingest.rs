@@ -139,9 +139,7 @@ pub fn ingest(
 /// bytes ([`append_attributes`]), which decodes to what the general path builds. `None` when
 /// the body needs the general path (not a frame, broken, no id, already stamped).
 fn stamp_in_place(body: &Bytes, origin: &Origin<'_>, limits: &FrameLimits) -> Option<Ingested> {
-    if !sniff(body) {
-        return None;
-    }
+    // (What decodes passes `sniff` too: no need to ask first.)
     let view = FrameView::decode(body, limits).ok()?;
     if view.attribute("id").is_none_or(str::is_empty)
         || view
