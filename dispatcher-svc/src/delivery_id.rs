@@ -34,13 +34,50 @@ impl DeliveryId {
         parts.next().is_none().then_some(id)
     }
 
-    /// The id as text, in one allocation (formatting into an empty `String` grows it several
-    /// times; every delivery makes one).
+    /// The id as text, in one allocation.
     pub fn to_text(&self) -> String {
-        use std::fmt::Write as _;
-        let mut text = String::with_capacity(3 * 16 + 2);
-        let _ = write!(text, "{self}");
+        self.text().as_str().to_owned()
+    }
+
+    /// The id as text, on the stack (every delivery writes one into its message).
+    pub fn text(&self) -> IdText {
+        let mut text = IdText {
+            bytes: [0; MAX_TEXT_LEN],
+            len: 0,
+        };
+        for (n, part) in [self.epoch, self.group, self.seq].into_iter().enumerate() {
+            if n > 0 {
+                text.push(b'.');
+            }
+            let digits = (64 - part.leading_zeros()).div_ceil(4).max(1);
+            for shift in (0..digits).rev() {
+                let nibble = (part >> (shift * 4)) & 0xf;
+                text.push(b"0123456789abcdef"[nibble as usize]);
+            }
+        }
         text
+    }
+}
+
+/// The longest id text: three 16-digit numbers and two dots.
+pub const MAX_TEXT_LEN: usize = 3 * 16 + 2;
+
+/// A delivery id's text ([`DeliveryId::text`]).
+pub struct IdText {
+    bytes: [u8; MAX_TEXT_LEN],
+    len: usize,
+}
+
+impl IdText {
+    fn push(&mut self, byte: u8) {
+        self.bytes[self.len] = byte;
+        self.len += 1;
+    }
+
+    /// The text.
+    pub fn as_str(&self) -> &str {
+        // Only ASCII digits and dots are ever pushed.
+        std::str::from_utf8(&self.bytes[..self.len]).unwrap_or_default()
     }
 }
 
@@ -80,6 +117,22 @@ mod tests {
             seq: 0xa,
         };
         assert_eq!(DeliveryId::parse(&extremes.to_string()), Some(extremes));
+        for id in [
+            id,
+            extremes,
+            DeliveryId {
+                epoch: 0,
+                group: 0x10,
+                seq: u64::MAX >> 4,
+            },
+        ] {
+            assert_eq!(
+                id.text().as_str(),
+                id.to_string(),
+                "the stack text is the display form"
+            );
+            assert_eq!(id.to_text(), id.to_string());
+        }
         for junk in [
             "",
             "x",

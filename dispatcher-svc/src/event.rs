@@ -14,9 +14,11 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use eventmesh_common::frame::{
-    ATTR_BINARY, Frame, FrameError, FrameLimits, FrameView, RESERVED_ATTR_PREFIX, is_runtime_stamp,
+    ATTR_BINARY, Frame, FrameError, FrameLimits, FrameView, INLINE_ATTRIBUTES,
+    RESERVED_ATTR_PREFIX, is_runtime_stamp,
 };
 use eventmesh_proto::client::Event;
+use smallvec::SmallVec;
 
 use crate::error::DispatcherError;
 
@@ -111,41 +113,82 @@ pub fn check_for_delivery(body: &Bytes) -> Result<(), FrameError> {
     FrameView::decode(body, &FrameLimits::STAMPED).map(drop)
 }
 
-/// Turns a pulled, stamped frame into the client's event, without the stamps. Reads the frame
-/// in place: the only allocations are the event's own strings and maps.
-pub fn decode_for_delivery(body: &Bytes) -> Result<Event, FrameError> {
+/// A pulled frame read as the client's event, borrowing from it: what a delivery's message
+/// carries, without the puller's stamps. [`crate::wire`] writes it to the client as it is.
+#[derive(Debug)]
+pub struct DeliveredEvent<'a> {
+    /// `id`, `source`, `type`, `subject`, `time`, `datacontenttype`, in the order of the
+    /// event's fields (1 to 6); a repeated name keeps its last value, as decoding does.
+    pub context: [&'a str; CONTEXT_FIELDS],
+    /// Every other text attribute in frame order (a repeated name: the last one counts).
+    pub attributes: SmallVec<[(&'a str, &'a str); INLINE_ATTRIBUTES]>,
+    /// The binary attributes, their bytes decoded (most events have none: no allocation).
+    pub binary_attributes: Vec<(&'a str, Vec<u8>)>,
+    /// The payload.
+    pub data: Bytes,
+}
+
+/// How many CloudEvents context attributes the event has fields for.
+pub const CONTEXT_FIELDS: usize = 6;
+
+/// Reads a pulled, stamped frame as the client's event, without the stamps; fails on what
+/// [`check_for_delivery`] refuses.
+pub fn read_for_delivery(body: &Bytes) -> Result<DeliveredEvent<'_>, FrameError> {
     // Stamping adds a few attributes to a frame that met the user limits; decode with room.
     let frame = FrameView::decode(body, &FrameLimits::STAMPED)?;
-    let mut event = Event {
+    // Most frames list no binary attribute: then nothing needs looking up per attribute.
+    let any_binary = frame.attribute(ATTR_BINARY).is_some();
+    let mut event = DeliveredEvent {
+        context: [""; CONTEXT_FIELDS],
+        attributes: SmallVec::new(),
+        binary_attributes: Vec::new(),
         data: frame.data.clone(),
-        ..Event::default()
     };
     for &(name, value) in frame.attributes() {
         if name == ATTR_BINARY || is_runtime_stamp(name) {
             continue;
         }
         // A listed value that is not base64 stays a text attribute.
-        if let Some(bytes) = frame.binary_attribute(name, value) {
-            event
-                .binary_attributes
-                .insert(name.to_owned(), Bytes::from(bytes));
+        if any_binary && let Some(bytes) = frame.binary_attribute(name, value) {
+            event.binary_attributes.push((name, bytes));
             continue;
         }
-        let slot = match name {
-            ID => &mut event.id,
-            SOURCE => &mut event.source,
-            TYPE => &mut event.r#type,
-            SUBJECT => &mut event.subject,
-            TIME => &mut event.time,
-            DATA_CONTENT_TYPE => &mut event.data_content_type,
-            _ => {
-                event.attributes.insert(name.to_owned(), value.to_owned());
-                continue;
-            }
-        };
-        value.clone_into(slot);
+        match CONTEXT_ATTRIBUTES[..CONTEXT_FIELDS]
+            .iter()
+            .position(|context| *context == name)
+        {
+            Some(field) => event.context[field] = value,
+            None => event.attributes.push((name, value)),
+        }
     }
     Ok(event)
+}
+
+/// Turns a pulled, stamped frame into the client's event, without the stamps: the message
+/// [`crate::wire`]'s bytes must decode to (its tests' reference).
+#[cfg(test)]
+pub fn decode_for_delivery(body: &Bytes) -> Result<Event, FrameError> {
+    let read = read_for_delivery(body)?;
+    let [id, source, r#type, subject, time, data_content_type] = read.context.map(str::to_owned);
+    Ok(Event {
+        id,
+        source,
+        r#type,
+        subject,
+        time,
+        data_content_type,
+        attributes: read
+            .attributes
+            .iter()
+            .map(|&(name, value)| (name.to_owned(), value.to_owned()))
+            .collect(),
+        data: read.data,
+        binary_attributes: read
+            .binary_attributes
+            .into_iter()
+            .map(|(name, bytes)| (name.to_owned(), Bytes::from(bytes)))
+            .collect(),
+    })
 }
 
 /// A fresh event id: time, process and a counter, unique without coordination.

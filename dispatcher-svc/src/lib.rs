@@ -17,6 +17,8 @@
 //! * [`offset_writer`] and [`broker_ack`] — steps 1 and 3 of the ACK chain, coalesced.
 //! * [`budget`] — the per-topic buffer bound (back-pressure to the MQ).
 //! * [`dead_letters`] — `<topic>_DLQ` writes.
+//! * [`responses`] and [`wire`] — a session's response stream, its deliveries written straight
+//!   from their frames.
 //! * [`crash`] — named crash points for crash tests.
 //! * [`config`], [`server`], [`error`] — settings, startup/shutdown, errors → status.
 //!
@@ -45,3 +47,4 @@ pub mod server;
 pub mod service;
 pub mod shard;
 pub mod watermark;
+pub mod wire;

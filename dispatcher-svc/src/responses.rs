@@ -2,13 +2,14 @@
 //!
 //! The stream opens with the session's `Opened`; then the session task hands the group's
 //! [`Outbound`] messages to a bounded channel and [`Responses`] turns them into messages (an
-//! `End` status ends the stream, after what came before it). A delivery becomes its message
-//! here — its event decoded, its text fields made — on the session's task, so that work is
-//! spread over the cores rather than done by the group's one actor. Each time the transport asks for the next message it takes what is ready —
-//! never waiting for more, so a lone delivery is not held back — up to [`MAX_BATCH_ITEMS`]
-//! items and about [`MAX_BATCH_BYTES`] encoded, and sends several as one
-//! `ResponseBatch` (one ready item alone keeps its single-item form). A delivery's ACK clock
-//! starts when it is taken into a message, and its group is told so.
+//! `End` status ends the stream, after what came before it). A delivery's message is written
+//! here, straight from its frame into the session's reused buffer ([`crate::wire`]), on the
+//! session's task, so that work is spread over the cores rather than done by the group's one
+//! actor. Each time the transport asks for the next message it takes what is ready — never
+//! waiting for more, so a lone delivery is not held back — up to [`MAX_BATCH_ITEMS`] items and
+//! about [`MAX_BATCH_BYTES`] encoded, and sends several as one `ResponseBatch` (one ready item
+//! alone keeps its single-item form). A delivery's ACK clock starts when it is taken into a
+//! message, and its group is told so.
 //!
 //! The channel is bounded and the transport takes a message only when the client reads, so a
 //! client that does not read stops its session task, which bounds what it can make us queue.
@@ -20,14 +21,15 @@ use std::time::{Duration, Instant};
 
 use eventmesh_proto::client as pb;
 use eventmesh_proto::client::{SubscribeResponse, subscribe_response};
+use eventmesh_proto::encoded::SubscribeResponseBytes;
 use futures::Stream;
-use prost::Message;
 use smallvec::SmallVec;
 use tokio::sync::mpsc;
 use tonic::Status;
 
 use crate::cluster::meter::Meter;
-use crate::group::{GroupCmd, Outbound, stamp_deadline};
+use crate::group::{GroupCmd, Outbound, ack_deadline_unix_ms};
+use crate::wire::{AnswerMessage, DeliveryMessage, ResponseBuilder};
 
 /// Most items in one batched message.
 pub const MAX_BATCH_ITEMS: usize = 256;
@@ -41,7 +43,8 @@ pub struct Responses {
     opened: Option<pb::Opened>,
     items: mpsc::Receiver<Outbound>,
     /// Taken from the channel but not fitting the previous message.
-    carried: Option<Prepared>,
+    carried: Option<Outbound>,
+    builder: ResponseBuilder,
     session: u64,
     ack_timeout: Duration,
     meter: Arc<Meter>,
@@ -61,6 +64,7 @@ impl Responses {
             opened: Some(opened),
             items,
             carried: None,
+            builder: ResponseBuilder::default(),
             session,
             ack_timeout,
             meter,
@@ -68,87 +72,97 @@ impl Responses {
     }
 }
 
-/// An item of the session's channel made ready to send: a delivery becomes its message here,
-/// on the session's task (the group's actor only says what it is made of).
-// At most one is kept (carried to the next message): boxing the delivery would cost an
-// allocation per delivery to save stack space.
-#[allow(clippy::large_enum_variant)]
-enum Prepared {
-    Delivery {
-        message: pb::Delivery,
-        seq: u64,
-        group: mpsc::UnboundedSender<GroupCmd>,
-    },
-    Result(pb::AckResult),
-    End(Status),
-}
-
-impl From<Outbound> for Prepared {
-    fn from(item: Outbound) -> Prepared {
-        match item {
-            Outbound::Delivery {
-                sending,
-                seq,
-                group,
-            } => Prepared::Delivery {
-                message: sending.into_message(),
-                seq,
-                group,
-            },
-            Outbound::Result(result) => Prepared::Result(result),
-            Outbound::End(status) => Prepared::End(status),
-        }
-    }
-}
-
-/// What taking deliveries into one message needs, borrowed apart from the session's channel,
-/// and the notices for their groups.
+/// One response being made: its builder, the ACK deadline of the deliveries in it, and the
+/// notices for their groups.
 struct Taker<'a> {
     session: u64,
-    ack_timeout: Duration,
     meter: &'a Meter,
+    builder: &'a mut ResponseBuilder,
     /// When the message was made: the ACK clock of each delivery in it starts here.
     at: Instant,
+    deadline_unix_ms: i64,
+    /// Encoded bytes so far.
+    bytes: usize,
+    items: usize,
     /// Deliveries taken, per group shard in the order met (nearly always one shard): each
     /// shard is told once per message, not once per delivery.
     written: SmallVec<[(mpsc::UnboundedSender<GroupCmd>, Vec<u64>); 1]>,
 }
 
 impl<'a> Taker<'a> {
-    fn new(session: u64, ack_timeout: Duration, meter: &'a Meter) -> Self {
+    fn new(
+        session: u64,
+        ack_timeout: Duration,
+        meter: &'a Meter,
+        builder: &'a mut ResponseBuilder,
+        expected: usize,
+    ) -> Self {
+        // A guess from the first item (a batch that grows the buffer copies it).
+        builder.start(expected.min(MAX_BATCH_BYTES + 4096));
         Taker {
             session,
-            ack_timeout,
             meter,
+            builder,
             at: Instant::now(),
+            deadline_unix_ms: ack_deadline_unix_ms(ack_timeout),
+            bytes: 0,
+            items: 0,
             written: SmallVec::new(),
         }
     }
 
-    /// Stamps a delivery's deadline, notes it for its group, and counts its bytes.
-    fn take(
-        &mut self,
-        mut message: pb::Delivery,
-        seq: u64,
-        group: mpsc::UnboundedSender<GroupCmd>,
-    ) -> pb::Delivery {
-        stamp_deadline(&mut message, self.ack_timeout);
-        self.meter
-            .delivered(message.event.as_ref().map_or(0, |e| e.data.len()));
-        match self
-            .written
-            .iter_mut()
-            .find(|(to, _)| to.same_channel(&group))
-        {
-            Some((_, seqs)) => seqs.push(seq),
-            None => self.written.push((group, vec![seq])),
+    /// Adds `item` unless the message is already started and `item` would take it past
+    /// [`MAX_BATCH_BYTES`] or is an `End` (the first item always goes in; an `End` first is
+    /// never handed here). What is not added is handed back.
+    fn add(&mut self, item: Outbound) -> Option<Outbound> {
+        match item {
+            Outbound::Delivery {
+                ref sending,
+                seq,
+                ref group,
+            } => {
+                let message = DeliveryMessage::new(sending, self.deadline_unix_ms);
+                if !self.fits(message.encoded_len()) {
+                    drop(message);
+                    return Some(item);
+                }
+                self.builder.delivery(&message);
+                self.meter.delivered(message.data_len());
+                match self
+                    .written
+                    .iter_mut()
+                    .find(|(to, _)| to.same_channel(group))
+                {
+                    Some((_, seqs)) => seqs.push(seq),
+                    None => self.written.push((group.clone(), vec![seq])),
+                }
+            }
+            Outbound::Result(ref answer) => {
+                let message = AnswerMessage::new(answer);
+                if !self.fits(message.encoded_len()) {
+                    return Some(item);
+                }
+                self.builder.result(&message);
+            }
+            Outbound::End(_) => return Some(item),
         }
-        message
+        self.items += 1;
+        None
     }
 
-    /// Tells each group which of its deliveries were taken. Called before the message is
-    /// handed to the transport, so a group hears of a delivery before its client can ACK it.
-    fn tell(self) {
+    /// Whether an item of `len` bytes joins this message (counting it if so).
+    fn fits(&mut self, len: usize) -> bool {
+        if self.items > 0 && self.bytes + len > MAX_BATCH_BYTES {
+            return false;
+        }
+        self.bytes += len;
+        true
+    }
+
+    /// Tells each group which of its deliveries were taken, and gives the message. The
+    /// notices go before the message is handed to the transport, so a group hears of a
+    /// delivery before its client can ACK it.
+    fn finish(self) -> SubscribeResponseBytes {
         for (group, seqs) in self.written {
             let _ = group.send(GroupCmd::Written {
                 seqs,
@@ -156,106 +170,65 @@ impl<'a> Taker<'a> {
                 at: self.at,
             });
         }
+        self.builder.finish()
     }
 }
 
-/// An item's encoded size: data, key, attributes and all (a client's message limit counts
-/// every byte).
-fn encoded_len(item: &Prepared) -> usize {
+/// A guess at an item's encoded size, to size a message's buffer.
+fn size_hint(item: &Outbound) -> usize {
     match item {
-        Prepared::Delivery { message, .. } => message.encoded_len(),
-        Prepared::Result(result) => result.encoded_len(),
-        Prepared::End(_) => 0,
+        Outbound::Delivery { sending, .. } => sending.body.len() + 96,
+        Outbound::Result(answer) => answer.detail.len() + 64,
+        Outbound::End(_) => 0,
     }
 }
 
 impl Stream for Responses {
-    type Item = Result<SubscribeResponse, Status>;
+    type Item = Result<SubscribeResponseBytes, Status>;
 
     fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         let this = self.get_mut();
         if let Some(opened) = this.opened.take() {
-            return Poll::Ready(Some(Ok(SubscribeResponse {
-                kind: Some(subscribe_response::Kind::Opened(opened)),
-            })));
+            return Poll::Ready(Some(Ok(SubscribeResponseBytes::from_message(
+                &SubscribeResponse {
+                    kind: Some(subscribe_response::Kind::Opened(opened)),
+                },
+            ))));
         }
         let first = match this.carried.take() {
             Some(item) => item,
             None => match this.items.poll_recv(cx) {
-                Poll::Ready(Some(item)) => Prepared::from(item),
+                Poll::Ready(Some(item)) => item,
                 Poll::Ready(None) => return Poll::Ready(None),
                 Poll::Pending => return Poll::Pending,
             },
         };
-        let mut taker = Taker::new(this.session, this.ack_timeout, &this.meter);
-        let queued = this.items.len().min(MAX_BATCH_ITEMS - 1);
-        if queued == 0 || matches!(first, Prepared::End(_)) {
-            // A lone item keeps its single form (and needs no batch); an end ends the stream.
-            let kind = match first {
-                Prepared::Delivery {
-                    message,
-                    seq,
-                    group,
-                } => subscribe_response::Kind::Delivery(taker.take(message, seq, group)),
-                Prepared::Result(result) => subscribe_response::Kind::AckResult(result),
-                Prepared::End(status) => return Poll::Ready(Some(Err(status))),
-            };
-            taker.tell();
-            return Poll::Ready(Some(Ok(SubscribeResponse { kind: Some(kind) })));
+        if let Outbound::End(status) = first {
+            return Poll::Ready(Some(Err(status)));
         }
-        let mut bytes = encoded_len(&first);
-        // Sized once from what is queued now (a batch that grew item by item reallocated
-        // several times per message).
-        let capacity = queued + 1;
-        let mut batch = pb::ResponseBatch::default();
-        let mut add = |batch: &mut pb::ResponseBatch, item| match item {
-            Prepared::Delivery {
-                message,
-                seq,
-                group,
-            } => {
-                if batch.deliveries.capacity() == 0 {
-                    batch.deliveries.reserve_exact(capacity);
-                }
-                batch.deliveries.push(taker.take(message, seq, group));
-            }
-            Prepared::Result(result) => {
-                if batch.ack_results.capacity() == 0 {
-                    batch.ack_results.reserve_exact(capacity);
-                }
-                batch.ack_results.push(result);
-            }
-            Prepared::End(_) => {} // never gathered: carried to the next message below
-        };
-        add(&mut batch, first);
-        let mut count = 1;
-        while count < MAX_BATCH_ITEMS {
+        let queued = this.items.len().min(MAX_BATCH_ITEMS - 1);
+        let expected = size_hint(&first) * (queued + 1);
+        let mut taker = Taker::new(
+            this.session,
+            this.ack_timeout,
+            &this.meter,
+            &mut this.builder,
+            expected,
+        );
+        if let Some(item) = taker.add(first) {
+            // Not reached: a first item always fits. Kept rather than lost.
+            this.carried = Some(item);
+        }
+        while taker.items < MAX_BATCH_ITEMS {
             let Ok(next) = this.items.try_recv() else {
                 break;
             };
-            let next = Prepared::from(next);
-            let size = encoded_len(&next);
-            if matches!(next, Prepared::End(_)) || bytes + size > MAX_BATCH_BYTES {
+            if let Some(next) = taker.add(next) {
                 this.carried = Some(next);
                 break;
             }
-            bytes += size;
-            count += 1;
-            add(&mut batch, next);
         }
-        taker.tell();
-        let kind = match (batch.deliveries.len(), batch.ack_results.len()) {
-            (1, 0) => batch
-                .deliveries
-                .pop()
-                .map(subscribe_response::Kind::Delivery),
-            (0, 1) => batch
-                .ack_results
-                .pop()
-                .map(subscribe_response::Kind::AckResult),
-            _ => Some(subscribe_response::Kind::Batch(batch)),
-        };
-        Poll::Ready(Some(Ok(SubscribeResponse { kind })))
+        Poll::Ready(Some(Ok(taker.finish())))
     }
 }
 
@@ -343,15 +316,17 @@ mod tests {
         }
 
         async fn result(&self, id: &str) {
-            let result = pb::AckResult {
-                delivery_id: id.into(),
-                ..pb::AckResult::default()
+            let result = crate::group::Answer {
+                delivery_id: crate::group::AnsweredId::Text(id.into()),
+                outcome: pb::AckOutcome::Durable,
+                detail: String::new(),
             };
             assert!(self.items.send(Outbound::Result(result)).await.is_ok());
         }
 
         async fn next(&mut self) -> subscribe_response::Kind {
-            self.responses.next().await.unwrap().unwrap().kind.unwrap()
+            let bytes = self.responses.next().await.unwrap().unwrap();
+            bytes.decode_message().unwrap().kind.unwrap()
         }
     }
 
@@ -464,11 +439,10 @@ mod tests {
                 .is_ok()
         );
         drop(h.items);
+        let delivery = h.responses.next().await.unwrap().unwrap();
         assert!(matches!(
-            h.responses.next().await,
-            Some(Ok(SubscribeResponse {
-                kind: Some(subscribe_response::Kind::Delivery(_))
-            }))
+            delivery.decode_message().unwrap().kind,
+            Some(subscribe_response::Kind::Delivery(_))
         ));
         let status = h.responses.next().await.unwrap().unwrap_err();
         assert_eq!(status.code(), tonic::Code::Unavailable);

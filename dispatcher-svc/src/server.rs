@@ -21,7 +21,7 @@ use eventmesh_common::grpc;
 use eventmesh_common::grpc::InternalChannel;
 use eventmesh_common::shutdown::CancellationToken;
 use eventmesh_proto::client::admin_service_server::AdminServiceServer;
-use eventmesh_proto::client::event_mesh_service_server::EventMeshServiceServer;
+use eventmesh_proto::encoded::server::event_mesh_service_server::EventMeshServiceServer;
 use tokio::net::TcpListener;
 use tonic::server::NamedService;
 use tonic_health::ServingStatus;

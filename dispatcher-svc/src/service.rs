@@ -16,6 +16,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
+use bytes::Bytes;
 use eventmesh_common::grpc::InternalChannel;
 use eventmesh_common::keys::{ClientId, GroupName, Topic};
 use eventmesh_common::shutdown::CancellationToken;
@@ -23,11 +24,11 @@ use eventmesh_common::status::FieldError;
 use eventmesh_common::trace_context::{self, Operation, TRACEPARENT, entry_span};
 use eventmesh_proto::DRAINING_METADATA;
 use eventmesh_proto::client as pb;
-use eventmesh_proto::client::event_mesh_service_server::EventMeshService;
 use eventmesh_proto::client::{
-    AckOutcome, StartPosition, SubscribeRequest, SubscribeResponse, SubscriptionMode,
-    subscribe_request,
+    AckOutcome, StartPosition, SubscribeRequest, SubscriptionMode, subscribe_request,
 };
+use eventmesh_proto::encoded::server::event_mesh_service_server::EventMeshService;
+use eventmesh_proto::encoded::{SubscribeRequestIn, SubscribeResponseBytes};
 use eventmesh_proto::puller::PublishBatchRequest as PullerPublishBatch;
 use eventmesh_proto::puller::PublishRequest as PullerPublish;
 use eventmesh_proto::puller::puller_service_client::PullerServiceClient;
@@ -40,7 +41,7 @@ use crate::cluster::load::Asker;
 use crate::delivery_id::DeliveryId;
 use crate::error::DispatcherError;
 use crate::event::encode_for_publish;
-use crate::group::{Credits, GroupCmd, Outbound, SessionLink, SettleOp};
+use crate::group::{Answer, AnsweredId, Credits, GroupCmd, Outbound, SessionLink, SettleOp};
 use crate::registry::{GroupKey, Shared};
 use crate::responses::Responses;
 
@@ -222,7 +223,7 @@ fn recommend_group(topic: &str, group: &str) -> Result<Option<GroupKey>, FieldEr
     Ok(Some(GroupKey { topic, group }))
 }
 
-type SubscribeStream = Pin<Box<dyn Stream<Item = Result<SubscribeResponse, Status>> + Send>>;
+type SubscribeStream = Pin<Box<dyn Stream<Item = Result<SubscribeResponseBytes, Status>> + Send>>;
 
 #[tonic::async_trait]
 impl EventMeshService for EventMeshGrpc {
@@ -428,7 +429,7 @@ impl EventMeshService for EventMeshGrpc {
 
     async fn subscribe(
         &self,
-        request: Request<Streaming<SubscribeRequest>>,
+        request: Request<Streaming<SubscribeRequestIn>>,
     ) -> Result<Response<Self::SubscribeStream>, Status> {
         // One slot per stream of this connection, held for the session's life.
         let stream_slot = request
@@ -437,9 +438,9 @@ impl EventMeshService for EventMeshGrpc {
             .transpose()?;
         let mut inbound = request.into_inner();
         let open = match inbound.message().await? {
-            Some(SubscribeRequest {
+            Some(SubscribeRequestIn::Other(SubscribeRequest {
                 kind: Some(subscribe_request::Kind::Open(open)),
-            }) => open,
+            })) => open,
             Some(_) => {
                 return Err(Status::failed_precondition(
                     "the first message of a Subscribe stream must be open",
@@ -546,7 +547,7 @@ struct SessionTask {
 impl SessionTask {
     async fn run(
         &self,
-        mut inbound: Streaming<SubscribeRequest>,
+        mut inbound: Streaming<SubscribeRequestIn>,
         mut out_rx: mpsc::UnboundedReceiver<Outbound>,
         mut answers_rx: mpsc::UnboundedReceiver<Outbound>,
         shutdown: CancellationToken,
@@ -623,19 +624,27 @@ impl SessionTask {
         }
     }
 
-    fn handle(&self, message: SubscribeRequest) -> Result<(), Status> {
-        match message.kind {
+    fn handle(&self, message: SubscribeRequestIn) -> Result<(), Status> {
+        let kind = match message {
+            SubscribeRequestIn::Ack(ids) => {
+                self.route(ids, SettleOp::Ack);
+                return Ok(());
+            }
+            SubscribeRequestIn::Other(request) => request.kind,
+        };
+        match kind {
+            // Read as `SubscribeRequestIn::Ack` above; here only if a caller built it so.
             Some(subscribe_request::Kind::Ack(ack)) => {
-                self.route(ack.delivery_ids, SettleOp::Ack);
+                self.route(ack.delivery_ids.into_iter().map(Bytes::from), SettleOp::Ack);
             }
             Some(subscribe_request::Kind::Nack(nack)) => {
                 let delay =
                     (nack.delay_ms > 0).then(|| Duration::from_millis(nack.delay_ms.into()));
-                self.route([nack.delivery_id], SettleOp::Nack(delay));
+                self.route([Bytes::from(nack.delivery_id)], SettleOp::Nack(delay));
             }
             Some(subscribe_request::Kind::Extend(extend)) => {
                 let extra = Duration::from_millis(extend.extra_ms.into());
-                self.route([extend.delivery_id], SettleOp::Extend(extra));
+                self.route([Bytes::from(extend.delivery_id)], SettleOp::Extend(extra));
             }
             Some(subscribe_request::Kind::Open(_)) => {
                 return Err(Status::failed_precondition(
@@ -651,13 +660,13 @@ impl SessionTask {
 
     /// Sends requests about deliveries to the group shards that issued them, one command per
     /// run of ids of one shard (one client message's ACKs nearly always make one run), and
-    /// answers UNKNOWN for the ids no live group here issued.
-    fn route(&self, raw_ids: impl IntoIterator<Item = String>, op: SettleOp) {
+    /// answers UNKNOWN for the ids no live group here issued (or that are not text).
+    fn route(&self, raw_ids: impl IntoIterator<Item = Bytes>, op: SettleOp) {
         /// Consecutive ids of one group shard.
         struct Run {
             group: u64,
             shard: mpsc::UnboundedSender<GroupCmd>,
-            ids: Vec<(DeliveryId, String)>,
+            ids: Vec<DeliveryId>,
         }
         let settle = |run: Run| {
             let _ = run.shard.send(GroupCmd::Settle {
@@ -669,7 +678,10 @@ impl SessionTask {
         };
         let mut run: Option<Run> = None;
         for raw_id in raw_ids {
-            let Some(id) = DeliveryId::parse(&raw_id) else {
+            let Some(id) = std::str::from_utf8(&raw_id)
+                .ok()
+                .and_then(DeliveryId::parse)
+            else {
                 self.unknown(raw_id, "malformed delivery id");
                 continue;
             };
@@ -680,7 +692,7 @@ impl SessionTask {
             if let Some(run) = &mut run
                 && run.group == id.group
             {
-                run.ids.push((id, raw_id));
+                run.ids.push(id);
                 continue;
             }
             let Some(shard) = self.shared.shard_by_number(id.group) else {
@@ -690,7 +702,7 @@ impl SessionTask {
             let next = Run {
                 group: id.group,
                 shard,
-                ids: vec![(id, raw_id)],
+                ids: vec![id],
             };
             if let Some(done) = run.replace(next) {
                 settle(done);
@@ -702,11 +714,11 @@ impl SessionTask {
     }
 
     /// Answers UNKNOWN for a delivery id no live group here issued.
-    fn unknown(&self, raw_id: String, detail: &str) {
+    fn unknown(&self, raw_id: Bytes, detail: &str) {
         metrics::counter!("dispatcher_unknown_delivery_ids_total").increment(1);
-        let _ = self.answers.send(Outbound::Result(pb::AckResult {
-            delivery_id: raw_id,
-            outcome: AckOutcome::Unknown as i32,
+        let _ = self.answers.send(Outbound::Result(Answer {
+            delivery_id: AnsweredId::Text(String::from_utf8_lossy(&raw_id).into_owned()),
+            outcome: AckOutcome::Unknown,
             detail: detail.to_owned(),
         }));
     }

@@ -216,3 +216,93 @@ async fn a_client_cannot_settle_another_clients_delivery() {
         AckOutcome::Durable
     );
 }
+
+/// A client speaking the protocol byte by byte can send an ACK id that is not UTF-8 (no SDK
+/// can: ids are strings). It is answered UNKNOWN like any malformed id, with the bytes as text
+/// (replacement characters), and the good id beside it in the same message still settles: the
+/// session does not fail over one bad id.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ack_id_that_is_not_utf8_is_answered_unknown_and_the_session_goes_on() {
+    use eventmesh_proto::encoded::SubscribeRequestIn;
+    use tonic::codegen::http::uri::PathAndQuery;
+
+    let instance = Instance::start(fast_settings()).await;
+    instance.create_topic("bytes", 1).await;
+    let mut client = instance.client().await;
+    publish(&mut client, "bytes", 0..2).await;
+    let channel =
+        tonic::transport::Channel::from_shared(format!("http://{}", instance.dispatcher_addr()))
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
+    let mut grpc = tonic::client::Grpc::new(channel);
+    grpc.ready().await.unwrap();
+    let (tx, rx) = mpsc::channel(8);
+    let open = pb::SubscribeRequest {
+        kind: Some(subscribe_request::Kind::Open(open("raw", "bytes", "g", LB))),
+    };
+    tx.send(SubscribeRequestIn::from(open)).await.unwrap();
+    let mut responses = grpc
+        .streaming(
+            tonic::Request::new(ReceiverStream::new(rx)),
+            PathAndQuery::from_static("/eventmesh.v1.EventMeshService/Subscribe"),
+            tonic_prost::ProstCodec::<SubscribeRequestIn, pb::SubscribeResponse>::default(),
+        )
+        .await
+        .unwrap()
+        .into_inner();
+    async fn receive(
+        responses: &mut tonic::Streaming<pb::SubscribeResponse>,
+        deliveries: &mut Vec<pb::Delivery>,
+        results: &mut Vec<pb::AckResult>,
+        done: impl Fn(&[pb::Delivery], &[pb::AckResult]) -> bool,
+    ) {
+        while !done(deliveries, results) {
+            let message = tokio::time::timeout(WAIT, responses.message())
+                .await
+                .expect("in time")
+                .expect("the stream goes on")
+                .expect("not ended");
+            for item in message.into_items() {
+                match item {
+                    eventmesh_proto::SubscribeItem::Delivery(d) => deliveries.push(d),
+                    eventmesh_proto::SubscribeItem::AckResult(r) => results.push(r),
+                    eventmesh_proto::SubscribeItem::Opened(_) => {}
+                }
+            }
+        }
+    }
+    let (mut deliveries, mut results) = (Vec::new(), Vec::new());
+    receive(&mut responses, &mut deliveries, &mut results, |d, _| {
+        d.len() >= 2
+    })
+    .await;
+    let not_text = Bytes::from_static(&[b'1', 0xff, b'.', 0x00]);
+    tx.send(SubscribeRequestIn::Ack(vec![
+        not_text,
+        Bytes::from(deliveries[0].delivery_id.clone()),
+    ]))
+    .await
+    .unwrap();
+    receive(&mut responses, &mut deliveries, &mut results, |_, r| {
+        r.len() >= 2
+    })
+    .await;
+    assert_eq!(outcome_of(&results, "1\u{fffd}.\0"), AckOutcome::Unknown);
+    assert_eq!(
+        outcome_of(&results, &deliveries[0].delivery_id),
+        AckOutcome::Durable
+    );
+    // And the session still works.
+    tx.send(SubscribeRequestIn::Ack(vec![Bytes::from(
+        deliveries[1].delivery_id.clone(),
+    )]))
+    .await
+    .unwrap();
+    receive(&mut responses, &mut deliveries, &mut results, |_, r| {
+        r.len() >= 3
+    })
+    .await;
+    assert_eq!(results[2].outcome(), AckOutcome::Durable);
+}

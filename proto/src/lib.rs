@@ -26,6 +26,8 @@ pub mod eventmesh {
     }
 }
 
+pub mod encoded;
+
 pub use eventmesh::offset::v1 as offset;
 pub use eventmesh::puller::v1 as puller;
 pub use eventmesh::v1 as client;

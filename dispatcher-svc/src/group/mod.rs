@@ -46,7 +46,6 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use eventmesh_common::keys::{ClientId, OffsetClient, OffsetKey, PartitionId};
 use eventmesh_common::trace_context::{Operation, SpanContext};
 use eventmesh_proto::DRAINING_METADATA;
-use eventmesh_proto::client as pb;
 use eventmesh_proto::client::AckOutcome;
 use eventmesh_proto::puller::PullResponse;
 use tokio::sync::{mpsc, oneshot, watch};
@@ -89,9 +88,31 @@ pub enum Outbound {
         group: mpsc::UnboundedSender<GroupCmd>,
     },
     /// An outcome for the client.
-    Result(pb::AckResult),
+    Result(Answer),
     /// The group ended under the session: the stream ends with this status.
     End(tonic::Status),
+}
+
+/// The outcome of an Ack, Nack or Extend for one delivery id (an `AckResult`, written to the
+/// client by [`crate::wire`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Answer {
+    /// The id the client named.
+    pub delivery_id: AnsweredId,
+    /// What happened.
+    pub outcome: AckOutcome,
+    /// Why, for outcomes other than DURABLE.
+    pub detail: String,
+}
+
+/// A delivery id as the client sent it.
+#[derive(Debug, Clone, PartialEq)]
+pub enum AnsweredId {
+    /// One this instance issued: only the canonical text parses, so it is the text the client
+    /// sent, made again when answered instead of kept.
+    Issued(DeliveryId),
+    /// Anything else, as text (bytes that are not UTF-8 with replacement characters).
+    Text(String),
 }
 
 /// A session as its group sees it.
@@ -138,8 +159,9 @@ pub enum GroupCmd {
     Settle {
         /// What to do.
         op: SettleOp,
-        /// Each delivery: its parsed id and the id as the client sent it.
-        ids: Vec<(DeliveryId, String)>,
+        /// The deliveries (each answered with its id's text, which is what the client sent:
+        /// only the canonical text parses).
+        ids: Vec<DeliveryId>,
         /// The client asking.
         client: ClientId,
         /// Where its AckResult goes.
@@ -439,11 +461,11 @@ enum Wake {
     Health(bool),
 }
 
-/// An answer to a client about the delivery it named `delivery_id`.
-fn result(delivery_id: String, outcome: AckOutcome, detail: &str) -> Outbound {
-    Outbound::Result(pb::AckResult {
-        delivery_id,
-        outcome: outcome as i32,
+/// An answer to a client about the delivery `id` it named.
+fn result(id: DeliveryId, outcome: AckOutcome, detail: &str) -> Outbound {
+    Outbound::Result(Answer {
+        delivery_id: AnsweredId::Issued(id),
+        outcome,
         detail: detail.to_owned(),
     })
 }
@@ -706,8 +728,8 @@ impl Group {
                 client,
                 reply_to,
             } => {
-                for (id, raw_id) in ids {
-                    self.settle_request(op, id, raw_id, &client, reply_to.clone());
+                for id in ids {
+                    self.settle_request(op, id, &client, reply_to.clone());
                 }
             }
             GroupCmd::Written { seqs, session, at } => self.written(&seqs, session, at),
@@ -745,12 +767,11 @@ impl Group {
         &mut self,
         op: SettleOp,
         id: DeliveryId,
-        raw_id: String,
         client: &ClientId,
         reply_to: mpsc::UnboundedSender<Outbound>,
     ) {
         let reply = |outcome, detail: &str| {
-            let _ = reply_to.send(result(raw_id.clone(), outcome, detail));
+            let _ = reply_to.send(result(id, outcome, detail));
         };
         // One client may not hold a delivery away from its group for long: NACK delays and
         // extensions are capped, and the answer says so.
@@ -782,8 +803,7 @@ impl Group {
             }
             (SettleOp::Ack, state) => {
                 self.tallies.acked.add();
-                // The waiter keeps the id as the client sent it, for the answers to come.
-                delivery.waiters.push((reply_to.clone(), raw_id));
+                delivery.waiters.push(reply_to.clone());
                 delivery.state = DeliveryState::Writing;
                 // The wake-up's clock: commands of one wake-up are handled within microseconds.
                 delivery.acked_at = Some(self.woke_at);
@@ -1003,9 +1023,9 @@ impl Group {
                     let Some(delivery) = self.deliveries.get(&token) else {
                         continue; // retired meanwhile
                     };
-                    for (waiter, raw_id) in &delivery.waiters {
+                    for waiter in &delivery.waiters {
                         let _ = waiter.send(result(
-                            raw_id.clone(),
+                            delivery.id,
                             AckOutcome::Pending,
                             "ACK accepted; the offset store is unavailable and the write is being retried",
                         ));
@@ -1087,9 +1107,8 @@ impl Group {
             self.ack_latency
                 .observe(self.woke_at.saturating_duration_since(acked_at));
         }
-        // Each waiter's answer takes the id it kept.
-        for (waiter, delivery_id) in delivery.waiters {
-            let _ = waiter.send(result(delivery_id, AckOutcome::Durable, ""));
+        for waiter in delivery.waiters {
+            let _ = waiter.send(result(delivery.id, AckOutcome::Durable, ""));
         }
         if !delivery.ack_key.is_empty() {
             self.shared
@@ -1221,9 +1240,9 @@ pub(crate) async fn sleep_until(at: Option<Instant>) {
     }
 }
 
-/// Fills in the ACK deadline of a delivery being written now.
-pub fn stamp_deadline(message: &mut pb::Delivery, timeout: Duration) {
-    message.ack_deadline_unix_ms = now_unix_ms() + timeout.as_millis() as i64;
+/// The ACK deadline of a delivery written now, in milliseconds since the Unix epoch.
+pub fn ack_deadline_unix_ms(timeout: Duration) -> i64 {
+    now_unix_ms() + timeout.as_millis() as i64
 }
 
 #[cfg(test)]
@@ -1236,6 +1255,7 @@ mod tests {
     use crate::registry::{GroupKey, SharedParts};
     use eventmesh_common::keys::{GroupName, Topic};
     use eventmesh_common::shutdown::CancellationToken;
+    use eventmesh_proto::client as pb;
     use eventmesh_proto::puller::{PartitionRange, PulledRecord};
 
     /// A channel to a loopback port nothing listens on: every call fails (and is retried).
@@ -1358,10 +1378,7 @@ mod tests {
         commands
             .send(GroupCmd::Settle {
                 op: SettleOp::Ack,
-                ids: vec![(
-                    DeliveryId::parse(&message.delivery_id).unwrap(),
-                    message.delivery_id.clone(),
-                )],
+                ids: vec![DeliveryId::parse(&message.delivery_id).unwrap()],
                 client: ClientId::new("app").unwrap(),
                 reply_to: out.clone(),
             })

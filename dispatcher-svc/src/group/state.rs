@@ -6,7 +6,6 @@ use bytes::Bytes;
 use eventmesh_common::dead_letter::DeadLetter;
 use eventmesh_common::keys::{ClientId, PartitionId, Topic};
 use eventmesh_common::trace_context::{EventTrace, Operation};
-use eventmesh_proto::client as pb;
 use eventmesh_proto::puller::PulledRecord;
 use smallvec::SmallVec;
 
@@ -51,9 +50,9 @@ impl DeliveryState {
     }
 }
 
-/// A delivery on its way to a session, not yet a message: the session's stream decodes the
-/// event and makes the text fields ([`Sending::into_message`]), so that per-delivery work runs
-/// on the sessions' tasks, spread over the cores, instead of on the group's one actor.
+/// A delivery on its way to a session, not yet a message: the session's stream writes its
+/// message straight from the frame ([`crate::wire`]), so that per-delivery work runs on the
+/// sessions' tasks, spread over the cores, instead of on the group's one actor.
 #[derive(Debug, Clone)]
 pub struct Sending {
     /// Its id.
@@ -75,14 +74,16 @@ pub struct Sending {
 }
 
 impl Sending {
-    /// The message for the client (the deadline is stamped when written).
-    pub fn into_message(self) -> pb::Delivery {
+    /// The message for the client (the deadline is stamped when written), built field by
+    /// field: what [`crate::wire`]'s bytes must decode to.
+    #[cfg(test)]
+    pub fn into_message(self) -> eventmesh_proto::client::Delivery {
         let event = if self.decodable {
             crate::event::decode_for_delivery(&self.body).ok()
         } else {
             None
         };
-        pb::Delivery {
+        eventmesh_proto::client::Delivery {
             delivery_id: self.id.to_text(),
             attempt: self.attempt,
             topic: self.topic.to_string(),
@@ -125,8 +126,8 @@ pub struct Delivery {
     pub clients: SmallVec<[ClientId; 1]>,
     /// Budget it holds.
     pub charge: Charge,
-    /// Sessions waiting for its ACK's outcome, each with the delivery id as its client sent it.
-    pub waiters: SmallVec<[(tokio::sync::mpsc::UnboundedSender<super::Outbound>, String); 1]>,
+    /// Sessions waiting for its ACK's outcome.
+    pub waiters: SmallVec<[tokio::sync::mpsc::UnboundedSender<super::Outbound>; 1]>,
     /// The pending timer (ACK deadline or backoff end).
     pub timer: Option<Instant>,
     /// An extension asked for before the ACK clock started.
@@ -172,7 +173,7 @@ impl Delivery {
     }
 
     /// What its message for the client is made of, for the session's stream to build
-    /// ([`Sending::into_message`]): the group's actor only counts references here.
+    /// ([`crate::wire`]): the group's actor only counts references here.
     pub fn sending(&self, topic: &Topic) -> Sending {
         Sending {
             id: self.id,
