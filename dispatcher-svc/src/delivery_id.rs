@@ -74,10 +74,15 @@ impl IdText {
         self.len += 1;
     }
 
+    /// The text's bytes (ASCII: hexadecimal digits and dots), as written into messages.
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.bytes[..self.len]
+    }
+
     /// The text.
     pub fn as_str(&self) -> &str {
         // Only ASCII digits and dots are ever pushed.
-        std::str::from_utf8(&self.bytes[..self.len]).unwrap_or_default()
+        std::str::from_utf8(self.as_bytes()).unwrap_or_default()
     }
 }
 

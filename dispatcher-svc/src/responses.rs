@@ -81,9 +81,8 @@ struct Taker<'a> {
     /// When the message was made: the ACK clock of each delivery in it starts here.
     at: Instant,
     deadline_unix_ms: i64,
-    /// Encoded bytes so far.
+    /// Encoded bytes so far (the items without the keys and lengths that frame them).
     bytes: usize,
-    items: usize,
     /// Deliveries taken, per group shard in the order met (nearly always one shard): each
     /// shard is told once per message, not once per delivery.
     written: SmallVec<[(mpsc::UnboundedSender<GroupCmd>, Vec<u64>); 1]>,
@@ -106,7 +105,6 @@ impl<'a> Taker<'a> {
             at: Instant::now(),
             deadline_unix_ms: ack_deadline_unix_ms(ack_timeout),
             bytes: 0,
-            items: 0,
             written: SmallVec::new(),
         }
     }
@@ -146,13 +144,12 @@ impl<'a> Taker<'a> {
             }
             Outbound::End(_) => return Some(item),
         }
-        self.items += 1;
         None
     }
 
     /// Whether an item of `len` bytes joins this message (counting it if so).
     fn fits(&mut self, len: usize) -> bool {
-        if self.items > 0 && self.bytes + len > MAX_BATCH_BYTES {
+        if self.builder.items() > 0 && self.bytes + len > MAX_BATCH_BYTES {
             return false;
         }
         self.bytes += len;
@@ -219,7 +216,7 @@ impl Stream for Responses {
             // Not reached: a first item always fits. Kept rather than lost.
             this.carried = Some(item);
         }
-        while taker.items < MAX_BATCH_ITEMS {
+        while taker.builder.items() < MAX_BATCH_ITEMS {
             let Ok(next) = this.items.try_recv() else {
                 break;
             };

@@ -165,7 +165,7 @@ impl<'a> DeliveryMessage<'a> {
                 let len = event_len(&event);
                 (event, len)
             });
-        let len = text_len(delivery::ID, id.as_str().as_bytes())
+        let len = text_len(delivery::ID, id.as_bytes())
             + varint_len(delivery::ATTEMPT, u64::from(sending.attempt))
             + text_len(delivery::TOPIC, sending.topic.as_str().as_bytes())
             + text_len(delivery::PARTITION, sending.partition.as_str().as_bytes())
@@ -197,7 +197,7 @@ impl<'a> DeliveryMessage<'a> {
 
     fn put(&self, buf: &mut impl BufMut) {
         let sending = self.sending;
-        put_text(delivery::ID, self.id.as_str().as_bytes(), buf);
+        put_text(delivery::ID, self.id.as_bytes(), buf);
         put_varint(delivery::ATTEMPT, u64::from(sending.attempt), buf);
         put_text(delivery::TOPIC, sending.topic.as_str().as_bytes(), buf);
         put_text(
@@ -218,23 +218,26 @@ impl<'a> DeliveryMessage<'a> {
 /// One answer's `AckResult`, measured, ready to write.
 pub struct AnswerMessage<'a> {
     answer: &'a Answer,
-    /// The text of an id this instance issued.
-    issued: Option<IdText>,
+    id: AnswerIdText<'a>,
     len: usize,
+}
+
+/// The text an answer names its delivery by.
+enum AnswerIdText<'a> {
+    /// Written from an id this instance issued.
+    Issued(IdText),
+    /// As the client sent it.
+    Text(&'a str),
 }
 
 impl<'a> AnswerMessage<'a> {
     /// `answer`'s message.
     pub fn new(answer: &'a Answer) -> Self {
-        let issued = match &answer.delivery_id {
-            AnsweredId::Issued(id) => Some(id.text()),
-            AnsweredId::Text(_) => None,
+        let id = match &answer.delivery_id {
+            AnsweredId::Issued(id) => AnswerIdText::Issued(id.text()),
+            AnsweredId::Text(text) => AnswerIdText::Text(text),
         };
-        let mut message = AnswerMessage {
-            answer,
-            issued,
-            len: 0,
-        };
+        let mut message = AnswerMessage { answer, id, len: 0 };
         message.len = text_len(ack_result::ID, message.id())
             + varint_len(ack_result::OUTCOME, message.outcome())
             + text_len(ack_result::DETAIL, answer.detail.as_bytes());
@@ -242,10 +245,9 @@ impl<'a> AnswerMessage<'a> {
     }
 
     fn id(&self) -> &[u8] {
-        match (&self.issued, &self.answer.delivery_id) {
-            (Some(text), _) => text.as_str().as_bytes(),
-            (None, AnsweredId::Text(text)) => text.as_bytes(),
-            (None, AnsweredId::Issued(_)) => &[], // not made: `issued` is set for these
+        match &self.id {
+            AnswerIdText::Issued(text) => text.as_bytes(),
+            AnswerIdText::Text(text) => text.as_bytes(),
         }
     }
 
@@ -276,6 +278,11 @@ pub struct ResponseBuilder {
 }
 
 impl ResponseBuilder {
+    /// Items in the response so far.
+    pub fn items(&self) -> usize {
+        self.items
+    }
+
     /// Starts a response expected to take about `capacity` bytes.
     pub fn start(&mut self, capacity: usize) {
         self.buf.clear();
