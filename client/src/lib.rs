@@ -55,6 +55,7 @@
 mod client;
 mod config;
 mod error;
+mod handoff;
 pub mod local;
 mod otel;
 mod publisher;

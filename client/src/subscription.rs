@@ -14,20 +14,22 @@
 //! the new session is answered UNKNOWN or NOT_OWNED and the redelivery carries the same event id.
 //!
 //! Memory stays bounded: the server never has more than `max_in_flight` un-ACKed deliveries out
-//! on a session, and the task stops reading the stream while the application has not taken the
-//! delivery it holds.
+//! on a session, at most that many (1024 for the server's default) wait between the task and
+//! the application ([`crate::handoff`], which hands over one message's deliveries at a time),
+//! and the task stops reading the stream while it holds deliveries the hand-off has no room
+//! for.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use eventmesh_proto::DRAINING_METADATA;
 use eventmesh_proto::client as pb;
 use eventmesh_proto::client::event_mesh_service_client::EventMeshServiceClient;
 use eventmesh_proto::client::{subscribe_request, subscribe_response};
-use eventmesh_proto::{DRAINING_METADATA, SubscribeItem};
 use futures::Stream;
 use tokio::sync::{mpsc, oneshot};
 use tokio_stream::wrappers::UnboundedReceiverStream;
@@ -36,6 +38,7 @@ use tracing::Instrument as _;
 use crate::client::{GroupTarget, Inner, Instance, MAX_MESSAGE};
 use crate::config::Backoff;
 use crate::error::{ClientError, is_transient_status};
+use crate::handoff::{self, Giver, Taker};
 use crate::otel;
 
 pub use pb::{AckOutcome, StartPosition, SubscriptionMode};
@@ -324,7 +327,7 @@ enum Command {
 /// back to the group.
 #[derive(Debug)]
 pub struct Subscription {
-    deliveries: mpsc::Receiver<Result<Delivery, ClientError>>,
+    deliveries: Taker<Delivery>,
     results: Arc<Mutex<Option<mpsc::UnboundedSender<AckResult>>>>,
     counters: Arc<Counters>,
     session: Arc<Mutex<Option<SessionInfo>>>,
@@ -341,7 +344,7 @@ impl Subscription {
             0 => 1024,
             n => n as usize,
         };
-        let (deliveries_tx, deliveries) = mpsc::channel(capacity);
+        let (deliveries_tx, deliveries) = handoff::handoff(capacity);
         let (commands_tx, commands) = mpsc::unbounded_channel();
         let (close, close_rx) = oneshot::channel();
         let (first_tx, first_rx) = oneshot::channel();
@@ -413,7 +416,7 @@ impl Stream for Subscription {
     type Item = Result<Delivery, ClientError>;
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        let mut next = self.deliveries.poll_recv(cx);
+        let mut next = self.deliveries.poll_take(cx);
         if let Poll::Ready(Some(Ok(delivery))) = &mut next {
             otel::received(delivery);
         }
@@ -443,7 +446,7 @@ enum SessionEnd {
 struct SessionTask {
     inner: Arc<Inner>,
     options: SubscribeOptions,
-    deliveries: mpsc::Sender<Result<Delivery, ClientError>>,
+    deliveries: Giver<Delivery>,
     commands_tx: mpsc::UnboundedSender<Command>,
     commands: mpsc::UnboundedReceiver<Command>,
     results: Arc<Mutex<Option<mpsc::UnboundedSender<AckResult>>>>,
@@ -476,7 +479,7 @@ impl SessionTask {
                         }
                         None => {
                             tracing::error!(error = %error, topic = %self.options.topic, "subscription cannot be re-opened; ending it");
-                            let _ = self.deliveries.send(Err(error)).await;
+                            self.deliveries.fail(error);
                         }
                     }
                     return;
@@ -646,10 +649,10 @@ impl SessionTask {
         requests: mpsc::UnboundedSender<pb::SubscribeRequest>,
         mut stream: tonic::Streaming<pb::SubscribeResponse>,
     ) -> SessionEnd {
-        // Deliveries taken from the stream (one message may carry a batch) that wait for room
-        // in the application's channel; the stream is not read meanwhile (back-pressure reaches
-        // the server's flow control).
-        let mut held: std::collections::VecDeque<Delivery> = std::collections::VecDeque::new();
+        // Deliveries taken from the stream (one message's, split to the hand-off's capacity)
+        // that wait for room in the hand-off; the stream is not read meanwhile (back-pressure
+        // reaches the server's flow control).
+        let mut held: VecDeque<Vec<Delivery>> = VecDeque::new();
         let deliveries = self.deliveries.clone();
         loop {
             tokio::select! {
@@ -661,14 +664,17 @@ impl SessionTask {
                 Some(command) = self.commands.recv() => {
                     self.send_commands(command, &requests);
                 }
-                permit = deliveries.reserve(), if !held.is_empty() => {
-                    let Ok(permit) = permit else { return SessionEnd::Closed };
-                    if let Some(delivery) = held.pop_front() {
-                        permit.send(Ok(delivery));
+                room = deliveries.room(held.front().map_or(1, Vec::len)), if !held.is_empty() => {
+                    let Ok(room) = room else { return SessionEnd::Closed };
+                    if let Some(batch) = held.pop_front() {
+                        room.give(batch);
                     }
                 }
                 message = stream.message(), if held.is_empty() => match message {
-                    Ok(Some(message)) => held.extend(self.receive(message, instance_id)),
+                    Ok(Some(message)) => {
+                        let batch = self.receive(message, instance_id);
+                        handoff::split_into(&mut held, batch, deliveries.capacity());
+                    }
                     Ok(None) => return SessionEnd::Broken("the server ended the stream".into()),
                     Err(status) if status.metadata().get(DRAINING_METADATA).is_some() => return SessionEnd::Moved,
                     Err(status) => return SessionEnd::Broken(format!("{}: {}", status.code(), status.message())),
@@ -734,70 +740,78 @@ impl SessionTask {
         }
     }
 
-    /// Handles one server message (a batch item by item); returns its deliveries for the
-    /// application.
+    /// Handles one server message: returns its deliveries for the application, then acts on
+    /// its results (a result never settles a delivery of the same batch).
     fn receive(&mut self, message: pb::SubscribeResponse, instance_id: &Arc<str>) -> Vec<Delivery> {
-        message
-            .into_items()
-            .into_iter()
-            .filter_map(|item| self.receive_item(item, instance_id))
-            .collect()
+        use subscribe_response::Kind;
+        match message.kind {
+            Some(Kind::Delivery(delivery)) => vec![self.delivery(delivery, instance_id)],
+            Some(Kind::AckResult(result)) => {
+                self.settle(std::iter::once(result));
+                Vec::new()
+            }
+            Some(Kind::Batch(batch)) => {
+                let deliveries = batch
+                    .deliveries
+                    .into_iter()
+                    .map(|delivery| self.delivery(delivery, instance_id))
+                    .collect();
+                self.settle(batch.ack_results);
+                deliveries
+            }
+            Some(Kind::Opened(_)) | None => Vec::new(),
+        }
     }
 
-    fn receive_item(&mut self, item: SubscribeItem, instance_id: &Arc<str>) -> Option<Delivery> {
-        match item {
-            SubscribeItem::Delivery(delivery) => {
-                Counters::bump(&self.counters.delivered);
-                if delivery.attempt > 1 {
-                    Counters::bump(&self.counters.redelivered);
+    fn delivery(&self, delivery: pb::Delivery, instance_id: &Arc<str>) -> Delivery {
+        Counters::bump(&self.counters.delivered);
+        if delivery.attempt > 1 {
+            Counters::bump(&self.counters.redelivered);
+        }
+        Delivery {
+            id: delivery.delivery_id,
+            attempt: delivery.attempt,
+            topic: delivery.topic,
+            partition: delivery.partition,
+            offset: delivery.offset,
+            event: delivery.event.unwrap_or_default(),
+            key: delivery.key,
+            ack_deadline_unix_ms: delivery.ack_deadline_unix_ms,
+            instance_id: Arc::clone(instance_id),
+            commands: self.commands_tx.clone(),
+            trace: Default::default(),
+        }
+    }
+
+    /// Counts one message's results, answers their waiters and passes them on to
+    /// [`Subscription::ack_results`] (its lock taken once per message).
+    fn settle(&mut self, results: impl IntoIterator<Item = pb::AckResult>) {
+        let listener = self.results.lock().unwrap_or_else(|p| p.into_inner());
+        for result in results {
+            let outcome = AckOutcome::try_from(result.outcome).unwrap_or(AckOutcome::Unspecified);
+            let counter = match outcome {
+                AckOutcome::Durable => &self.counters.durable,
+                AckOutcome::Pending => &self.counters.pending,
+                AckOutcome::Nacked | AckOutcome::Extended => &self.counters.nacked_or_extended,
+                _ => &self.counters.no_op,
+            };
+            Counters::bump(counter);
+            // (Most ACKs have no waiter: the map is then empty and not even hashed into.)
+            if outcome != AckOutcome::Pending
+                && !self.waiters.is_empty()
+                && let Some(waiters) = self.waiters.remove(&result.delivery_id)
+            {
+                for waiter in waiters {
+                    let _ = waiter.send(Ok(outcome));
                 }
-                Some(Delivery {
-                    id: delivery.delivery_id,
-                    attempt: delivery.attempt,
-                    topic: delivery.topic,
-                    partition: delivery.partition,
-                    offset: delivery.offset,
-                    event: delivery.event.unwrap_or_default(),
-                    key: delivery.key,
-                    ack_deadline_unix_ms: delivery.ack_deadline_unix_ms,
-                    instance_id: Arc::clone(instance_id),
-                    commands: self.commands_tx.clone(),
-                    trace: Default::default(),
-                })
             }
-            SubscribeItem::AckResult(result) => {
-                self.settle(result);
-                None
+            if let Some(listener) = listener.as_ref() {
+                let _ = listener.send(AckResult {
+                    delivery_id: result.delivery_id,
+                    outcome,
+                    detail: result.detail,
+                });
             }
-            SubscribeItem::Opened(_) => None,
-        }
-    }
-
-    fn settle(&mut self, result: pb::AckResult) {
-        let outcome = AckOutcome::try_from(result.outcome).unwrap_or(AckOutcome::Unspecified);
-        let counter = match outcome {
-            AckOutcome::Durable => &self.counters.durable,
-            AckOutcome::Pending => &self.counters.pending,
-            AckOutcome::Nacked | AckOutcome::Extended => &self.counters.nacked_or_extended,
-            _ => &self.counters.no_op,
-        };
-        Counters::bump(counter);
-        // (Most ACKs have no waiter: the map is then empty and not even hashed into.)
-        if outcome != AckOutcome::Pending
-            && !self.waiters.is_empty()
-            && let Some(waiters) = self.waiters.remove(&result.delivery_id)
-        {
-            for waiter in waiters {
-                let _ = waiter.send(Ok(outcome));
-            }
-        }
-        let results = self.results.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(results) = results.as_ref() {
-            let _ = results.send(AckResult {
-                delivery_id: result.delivery_id,
-                outcome,
-                detail: result.detail,
-            });
         }
     }
 }
