@@ -8,8 +8,10 @@
 //! actor. Each time the transport asks for the next message it takes what is ready — never
 //! waiting for more, so a lone delivery is not held back — up to [`MAX_BATCH_ITEMS`] items and
 //! about [`MAX_BATCH_BYTES`] encoded, and sends several as one `ResponseBatch` (one ready item
-//! alone keeps its single-item form). A delivery's ACK clock starts when it is taken into a
-//! message, and its group is told so.
+//! alone keeps its single-item form). A group shard hands the session its deliveries, and its
+//! answers, in runs (what one wake-up of the shard decided for it): a run goes into messages
+//! as far as it fits, and the rest is carried, in order, ahead of everything queued after it.
+//! A delivery's ACK clock starts when it is taken into a message, and its group is told so.
 //!
 //! The channel is bounded and the transport takes a message only when the client reads, so a
 //! client that does not read stops its session task, which bounds what it can make us queue.
@@ -19,6 +21,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
+use eventmesh_common::keys::Topic;
 use eventmesh_proto::client as pb;
 use eventmesh_proto::client::{SubscribeResponse, subscribe_response};
 use eventmesh_proto::encoded::SubscribeResponseBytes;
@@ -41,34 +44,104 @@ pub const MAX_BATCH_BYTES: usize = 1024 * 1024;
 pub struct Responses {
     /// Sent first.
     opened: Option<pb::Opened>,
-    items: mpsc::Receiver<Outbound>,
-    /// Taken from the channel but not fitting the previous message.
-    carried: Option<Outbound>,
+    queues: Queues,
     builder: ResponseBuilder,
     session: u64,
+    /// The session's topic: every delivery's (a group is of one topic).
+    topic: Topic,
     ack_timeout: Duration,
     meter: Arc<Meter>,
 }
 
 impl Responses {
-    /// The responses of `session` (`opened` first), whose deliveries get `ack_timeout` from
-    /// when they are sent.
+    /// The responses of `session`, subscribed to `topic` (`opened` first): `answers` (only
+    /// `Results`) go out ahead of what waits in `items` (deliveries, whose ACK clock of
+    /// `ack_timeout` starts when they are sent, and the `End`).
     pub fn new(
         opened: pb::Opened,
+        answers: mpsc::Receiver<Outbound>,
         items: mpsc::Receiver<Outbound>,
         session: u64,
+        topic: Topic,
         ack_timeout: Duration,
         meter: Arc<Meter>,
     ) -> Responses {
         Responses {
             opened: Some(opened),
-            items,
-            carried: None,
+            queues: Queues {
+                answers,
+                carried_answers: None,
+                items,
+                carried: None,
+            },
             builder: ResponseBuilder::default(),
             session,
+            topic,
             ack_timeout,
             meter,
         }
+    }
+}
+
+/// What waits to be sent, answers first: an ACK's answer never waits behind deliveries queued
+/// for a client that reads slowly.
+struct Queues {
+    answers: mpsc::Receiver<Outbound>,
+    /// Answers taken from their channel but not fitting the previous message.
+    carried_answers: Option<Outbound>,
+    items: mpsc::Receiver<Outbound>,
+    /// Deliveries (or the `End`) taken from their channel but not fitting the previous message.
+    carried: Option<Outbound>,
+}
+
+/// Which queue an item came from (what it does not fit goes back to the front of it).
+#[derive(Clone, Copy)]
+enum Queue {
+    Answers,
+    Items,
+}
+
+impl Queues {
+    /// The next item ready now, answers first.
+    fn take_ready(&mut self) -> Option<(Outbound, Queue)> {
+        if let Some(item) = self.carried_answers.take() {
+            return Some((item, Queue::Answers));
+        }
+        if let Ok(item) = self.answers.try_recv() {
+            return Some((item, Queue::Answers));
+        }
+        if let Some(item) = self.carried.take() {
+            return Some((item, Queue::Items));
+        }
+        self.items.try_recv().ok().map(|item| (item, Queue::Items))
+    }
+
+    /// The next item, answers first; `None` once the session's task is gone and both
+    /// channels are drained.
+    fn poll_next(&mut self, cx: &mut Context<'_>) -> Poll<Option<(Outbound, Queue)>> {
+        if let Some(ready) = self.take_ready() {
+            return Poll::Ready(Some(ready));
+        }
+        // Nothing ready: wait on both channels (an answers channel closes with the items one).
+        if let Poll::Ready(Some(item)) = self.answers.poll_recv(cx) {
+            return Poll::Ready(Some((item, Queue::Answers)));
+        }
+        self.items
+            .poll_recv(cx)
+            .map(|item| item.map(|item| (item, Queue::Items)))
+    }
+
+    /// Puts back what did not fit, ahead of everything else in its queue.
+    fn carry(&mut self, item: Outbound, queue: Queue) {
+        match queue {
+            Queue::Answers => self.carried_answers = Some(item),
+            Queue::Items => self.carried = Some(item),
+        }
+    }
+
+    /// Items queued behind the one being sent (a guess at the message's size).
+    fn queued(&self) -> usize {
+        self.answers.len() + self.items.len()
     }
 }
 
@@ -76,6 +149,7 @@ impl Responses {
 /// notices for their groups.
 struct Taker<'a> {
     session: u64,
+    topic: &'a Topic,
     meter: &'a Meter,
     builder: &'a mut ResponseBuilder,
     /// When the message was made: the ACK clock of each delivery in it starts here.
@@ -91,6 +165,7 @@ struct Taker<'a> {
 impl<'a> Taker<'a> {
     fn new(
         session: u64,
+        topic: &'a Topic,
         ack_timeout: Duration,
         meter: &'a Meter,
         builder: &'a mut ResponseBuilder,
@@ -100,6 +175,7 @@ impl<'a> Taker<'a> {
         builder.start(expected.min(MAX_BATCH_BYTES + 4096));
         Taker {
             session,
+            topic,
             meter,
             builder,
             at: Instant::now(),
@@ -110,37 +186,50 @@ impl<'a> Taker<'a> {
     }
 
     /// Adds `item` unless the message is already started and `item` would take it past
-    /// [`MAX_BATCH_BYTES`] or is an `End` (the first item always goes in; an `End` first is
-    /// never handed here). What is not added is handed back.
+    /// [`MAX_BATCH_BYTES`] or [`MAX_BATCH_ITEMS`], or is an `End` (the first item always goes
+    /// in; an `End` first is never handed here). A batch of deliveries or answers goes in as
+    /// far as it fits. What is not added is handed back.
     fn add(&mut self, item: Outbound) -> Option<Outbound> {
         match item {
-            Outbound::Delivery {
-                ref sending,
-                seq,
-                ref group,
-            } => {
-                let message = DeliveryMessage::new(sending, self.deadline_unix_ms);
-                if !self.fits(message.encoded_len()) {
+            Outbound::Deliveries { mut batch, group } => {
+                let mut seqs = Vec::with_capacity(batch.len());
+                while let Some(sending) = batch.front() {
+                    let message = DeliveryMessage::new(sending, self.topic, self.deadline_unix_ms);
+                    if !self.fits(message.encoded_len()) {
+                        break;
+                    }
+                    self.builder.delivery(&message);
+                    self.meter.delivered(message.data_len());
+                    seqs.push(sending.id.seq);
                     drop(message);
-                    return Some(item);
+                    batch.pop_front();
                 }
-                self.builder.delivery(&message);
-                self.meter.delivered(message.data_len());
-                match self
-                    .written
-                    .iter_mut()
-                    .find(|(to, _)| to.same_channel(group))
-                {
-                    Some((_, seqs)) => seqs.push(seq),
-                    None => self.written.push((group.clone(), vec![seq])),
+                if !seqs.is_empty() {
+                    match self
+                        .written
+                        .iter_mut()
+                        .find(|(to, _)| to.same_channel(&group))
+                    {
+                        Some((_, taken)) => taken.extend_from_slice(&seqs),
+                        None => self.written.push((group.clone(), seqs)),
+                    }
+                }
+                if !batch.is_empty() {
+                    return Some(Outbound::Deliveries { batch, group });
                 }
             }
-            Outbound::Result(ref answer) => {
-                let message = AnswerMessage::new(answer);
-                if !self.fits(message.encoded_len()) {
-                    return Some(item);
+            Outbound::Results(mut answers) => {
+                while let Some(answer) = answers.front() {
+                    let message = AnswerMessage::new(answer);
+                    if !self.fits(message.encoded_len()) {
+                        break;
+                    }
+                    self.builder.result(&message);
+                    answers.pop_front();
                 }
-                self.builder.result(&message);
+                if !answers.is_empty() {
+                    return Some(Outbound::Results(answers));
+                }
             }
             Outbound::End(_) => return Some(item),
         }
@@ -149,7 +238,8 @@ impl<'a> Taker<'a> {
 
     /// Whether an item of `len` bytes joins this message (counting it if so).
     fn fits(&mut self, len: usize) -> bool {
-        if self.builder.items() > 0 && self.bytes + len > MAX_BATCH_BYTES {
+        let items = self.builder.items();
+        if items > 0 && (items >= MAX_BATCH_ITEMS || self.bytes + len > MAX_BATCH_BYTES) {
             return false;
         }
         self.bytes += len;
@@ -171,12 +261,17 @@ impl<'a> Taker<'a> {
     }
 }
 
-/// A guess at an item's encoded size, to size a message's buffer.
-fn size_hint(item: &Outbound) -> usize {
+/// A guess at an item's encoded size and item count, to size a message's buffer.
+fn size_hint(item: &Outbound) -> (usize, usize) {
     match item {
-        Outbound::Delivery { sending, .. } => sending.body.len() + 96,
-        Outbound::Result(answer) => answer.detail.len() + 64,
-        Outbound::End(_) => 0,
+        Outbound::Deliveries { batch, .. } => {
+            (batch.iter().map(|s| s.body.len() + 96).sum(), batch.len())
+        }
+        Outbound::Results(answers) => (
+            answers.iter().map(|a| a.detail.len() + 64).sum(),
+            answers.len(),
+        ),
+        Outbound::End(_) => (0, 1),
     }
 }
 
@@ -192,38 +287,38 @@ impl Stream for Responses {
                 },
             ))));
         }
-        let first = match this.carried.take() {
-            Some(item) => item,
-            None => match this.items.poll_recv(cx) {
-                Poll::Ready(Some(item)) => item,
-                Poll::Ready(None) => return Poll::Ready(None),
-                Poll::Pending => return Poll::Pending,
-            },
+        let (first, queue) = match this.queues.poll_next(cx) {
+            Poll::Ready(Some(next)) => next,
+            Poll::Ready(None) => return Poll::Ready(None),
+            Poll::Pending => return Poll::Pending,
         };
         if let Outbound::End(status) = first {
             return Poll::Ready(Some(Err(status)));
         }
-        let queued = this.items.len().min(MAX_BATCH_ITEMS - 1);
-        let expected = size_hint(&first) * (queued + 1);
+        // Each queued message holds at least one item; sized like the first one's.
+        let (first_bytes, first_items) = size_hint(&first);
+        let items = (first_items + this.queues.queued()).min(MAX_BATCH_ITEMS);
+        let expected = first_bytes / first_items.max(1) * items;
         let mut taker = Taker::new(
             this.session,
+            &this.topic,
             this.ack_timeout,
             &this.meter,
             &mut this.builder,
             expected,
         );
-        if let Some(item) = taker.add(first) {
-            // Not reached: a first item always fits. Kept rather than lost.
-            this.carried = Some(item);
-        }
-        while taker.builder.items() < MAX_BATCH_ITEMS {
-            let Ok(next) = this.items.try_recv() else {
-                break;
-            };
-            if let Some(next) = taker.add(next) {
-                this.carried = Some(next);
+        // The first item goes in (a run of deliveries or answers at least its first); what
+        // does not fit is carried to the next message, ahead of everything queued behind it.
+        let mut next = Some((first, queue));
+        while let Some((item, queue)) = next.take() {
+            if let Some(rest) = taker.add(item) {
+                this.queues.carry(rest, queue);
                 break;
             }
+            if taker.builder.items() >= MAX_BATCH_ITEMS {
+                break;
+            }
+            next = this.queues.take_ready();
         }
         Poll::Ready(Some(Ok(taker.finish())))
     }
@@ -265,7 +360,6 @@ mod tests {
         Sending {
             id: id(n),
             attempt: 1,
-            topic: Topic::new("t").unwrap(),
             partition: PartitionId::number(0),
             offset: n as i64,
             decodable: true,
@@ -274,7 +368,17 @@ mod tests {
         }
     }
 
+    /// The delivery ids of a batch, in order.
+    fn delivery_ids(batch: &pb::ResponseBatch) -> Vec<String> {
+        batch
+            .deliveries
+            .iter()
+            .map(|d| d.delivery_id.clone())
+            .collect()
+    }
+
     struct Harness {
+        answers: mpsc::Sender<Outbound>,
         items: mpsc::Sender<Outbound>,
         group: mpsc::UnboundedSender<GroupCmd>,
         written: mpsc::UnboundedReceiver<GroupCmd>,
@@ -283,17 +387,28 @@ mod tests {
 
     /// A session's stream, its `Opened` already taken (checked to come first).
     async fn harness() -> Harness {
+        let (answers, answers_rx) = mpsc::channel(1024);
         let (items, rx) = mpsc::channel(1024);
         let (group, written) = mpsc::unbounded_channel();
         let opened = pb::Opened {
             session_id: "s7".into(),
             ..pb::Opened::default()
         };
+        let responses = Responses::new(
+            opened,
+            answers_rx,
+            rx,
+            7,
+            Topic::new("t").unwrap(),
+            Duration::from_secs(30),
+            Arc::default(),
+        );
         let mut h = Harness {
+            answers,
             items,
             group,
             written,
-            responses: Responses::new(opened, rx, 7, Duration::from_secs(30), Arc::default()),
+            responses,
         };
         assert!(matches!(
             h.next().await,
@@ -303,13 +418,29 @@ mod tests {
     }
 
     impl Harness {
+        /// Delivery `n` alone in its group's message.
         async fn deliver(&self, n: u64, data_bytes: usize) {
-            let item = Outbound::Delivery {
-                sending: delivery(n, data_bytes),
-                seq: n,
+            self.deliver_batch(n..n + 1, data_bytes).await;
+        }
+
+        /// Deliveries `ns` in one message of their group.
+        async fn deliver_batch(&self, ns: std::ops::Range<u64>, data_bytes: usize) {
+            let item = Outbound::Deliveries {
+                batch: ns.map(|n| delivery(n, data_bytes)).collect(),
                 group: self.group.clone(),
             };
             assert!(self.items.send(item).await.is_ok());
+        }
+
+        /// The sequence numbers the group was told were written, and in how many notices.
+        fn written(&mut self) -> (Vec<u64>, usize) {
+            let mut written = Vec::new();
+            let mut notices = 0;
+            while let Ok(GroupCmd::Written { seqs, .. }) = self.written.try_recv() {
+                written.extend(seqs);
+                notices += 1;
+            }
+            (written, notices)
         }
 
         async fn result(&self, id: &str) {
@@ -318,7 +449,12 @@ mod tests {
                 outcome: pb::AckOutcome::Durable,
                 detail: String::new(),
             };
-            assert!(self.items.send(Outbound::Result(result)).await.is_ok());
+            assert!(
+                self.answers
+                    .send(Outbound::Results([result].into()))
+                    .await
+                    .is_ok()
+            );
         }
 
         async fn next(&mut self) -> subscribe_response::Kind {
@@ -364,22 +500,21 @@ mod tests {
         assert!(h.items.send(end).await.is_ok());
         h.deliver(300, 10).await;
 
+        // The answer first (it overtakes the deliveries queued before it), then deliveries.
         let subscribe_response::Kind::Batch(first) = h.next().await else {
             panic!("a batch")
         };
-        assert_eq!(first.deliveries.len(), MAX_BATCH_ITEMS);
-        let ids: Vec<_> = first
-            .deliveries
-            .iter()
-            .map(|d| d.delivery_id.clone())
-            .collect();
-        let expected: Vec<_> = (0..MAX_BATCH_ITEMS as u64).map(id_of).collect();
+        assert_eq!(first.ack_results.len(), 1);
+        let ids = delivery_ids(&first);
+        let expected: Vec<_> = (0..MAX_BATCH_ITEMS as u64 - 1).map(id_of).collect();
         assert_eq!(ids, expected, "deliveries keep their order");
         let subscribe_response::Kind::Batch(second) = h.next().await else {
             panic!("a batch")
         };
-        assert_eq!(second.deliveries.len(), 300 - MAX_BATCH_ITEMS);
-        assert_eq!(second.ack_results.len(), 1);
+        let ids = delivery_ids(&second);
+        let expected: Vec<_> = (MAX_BATCH_ITEMS as u64 - 1..300).map(id_of).collect();
+        assert_eq!(ids, expected);
+        assert!(second.ack_results.is_empty());
         let status = h.responses.next().await.unwrap().unwrap_err();
         assert_eq!(
             status.code(),
@@ -390,12 +525,7 @@ mod tests {
             h.next().await,
             subscribe_response::Kind::Delivery(_)
         ));
-        let mut written = Vec::new();
-        let mut notices = 0;
-        while let Ok(GroupCmd::Written { seqs, .. }) = h.written.try_recv() {
-            written.extend(seqs);
-            notices += 1;
-        }
+        let (written, notices) = h.written();
         assert_eq!(
             written,
             (0..=300).collect::<Vec<u64>>(),
@@ -423,6 +553,101 @@ mod tests {
         assert!(
             matches!(h.next().await, subscribe_response::Kind::Delivery(d) if d.delivery_id == id_of(4))
         );
+    }
+
+    #[tokio::test]
+    async fn a_group_batch_larger_than_a_message_is_carried_on_ahead_of_what_follows() {
+        let mut h = harness().await;
+        h.deliver_batch(0..300, 10).await;
+        h.deliver_batch(300..302, 10).await;
+        let subscribe_response::Kind::Batch(first) = h.next().await else {
+            panic!("a batch")
+        };
+        let ids = delivery_ids(&first);
+        assert_eq!(
+            ids,
+            (0..MAX_BATCH_ITEMS as u64).map(id_of).collect::<Vec<_>>()
+        );
+        assert!(first.ack_results.is_empty());
+        let subscribe_response::Kind::Batch(second) = h.next().await else {
+            panic!("a batch")
+        };
+        let ids = delivery_ids(&second);
+        assert_eq!(
+            ids,
+            (MAX_BATCH_ITEMS as u64..302).map(id_of).collect::<Vec<_>>(),
+            "the rest of the batch first, then the later batch"
+        );
+        let (written, notices) = h.written();
+        assert_eq!(written, (0..302).collect::<Vec<u64>>());
+        assert_eq!(notices, 2, "once per message, both batches' in one notice");
+    }
+
+    /// An answer goes out in the next message, ahead of the deliveries queued before it (and
+    /// of the rest of a run of deliveries cut short by the message's limit).
+    #[tokio::test]
+    async fn an_answer_overtakes_the_deliveries_queued_before_it() {
+        let mut h = harness().await;
+        h.deliver_batch(0..MAX_BATCH_ITEMS as u64 * 2, 10).await;
+        h.deliver_batch(1000..1010, 10).await;
+        let subscribe_response::Kind::Batch(first) = h.next().await else {
+            panic!("a batch")
+        };
+        assert_eq!(first.deliveries.len(), MAX_BATCH_ITEMS);
+        assert!(first.ack_results.is_empty());
+        h.result("r1").await;
+        let subscribe_response::Kind::Batch(second) = h.next().await else {
+            panic!("a batch")
+        };
+        assert_eq!(second.ack_results.len(), 1, "the answer comes next");
+        assert_eq!(second.ack_results[0].delivery_id, "r1");
+        assert_eq!(
+            second.deliveries.first().map(|d| d.delivery_id.clone()),
+            Some(id_of(MAX_BATCH_ITEMS as u64)),
+            "then the deliveries where they left off"
+        );
+        // Two answers queued: the next message holds both, in order, then deliveries.
+        h.result("r2").await;
+        h.result("r3").await;
+        let subscribe_response::Kind::Batch(third) = h.next().await else {
+            panic!("a batch")
+        };
+        let answered: Vec<_> = third
+            .ack_results
+            .iter()
+            .map(|r| r.delivery_id.clone())
+            .collect();
+        assert_eq!(answered, ["r2", "r3"]);
+        drop(h.answers);
+        drop(h.items);
+        let mut rest = third.deliveries.len() + second.deliveries.len() + first.deliveries.len();
+        while let Some(message) = h.responses.next().await {
+            let message = message.unwrap().decode_message().unwrap();
+            rest += match message.kind {
+                Some(subscribe_response::Kind::Batch(batch)) => batch.deliveries.len(),
+                Some(subscribe_response::Kind::Delivery(_)) => 1,
+                other => panic!("{other:?}"),
+            };
+        }
+        assert_eq!(rest, MAX_BATCH_ITEMS * 2 + 10, "every delivery still comes");
+    }
+
+    #[tokio::test]
+    async fn a_group_batch_is_cut_at_the_data_limit() {
+        let mut h = harness().await;
+        let third = MAX_BATCH_BYTES / 3 - 100;
+        h.deliver_batch(0..4, third).await;
+        h.deliver(4, 10).await;
+        let subscribe_response::Kind::Batch(first) = h.next().await else {
+            panic!("a batch")
+        };
+        assert_eq!(first.deliveries.len(), 3);
+        let subscribe_response::Kind::Batch(second) = h.next().await else {
+            panic!("a batch")
+        };
+        let ids = delivery_ids(&second);
+        assert_eq!(ids, vec![id_of(3), id_of(4)]);
+        assert_eq!(h.written().0, (0..5).collect::<Vec<u64>>());
     }
 
     #[tokio::test]

@@ -493,6 +493,8 @@ impl EventMeshService for EventMeshGrpc {
         let span = tracing::info_span!("session", session = session_id, client = %session.client, group = %session.key);
         tracing::info!(parent: &span, max_in_flight = session.max_in_flight, "session opened");
         let (responses, response_rx) = mpsc::channel(RESPONSE_BUFFER);
+        let (answers_out, answers_out_rx) = mpsc::channel(RESPONSE_BUFFER);
+        let topic = session.key.topic.clone();
         let opened = pb::Opened {
             session_id: format!("{:x}.{session_id:x}", self.shared.epoch),
             group: session.key.label(),
@@ -504,6 +506,7 @@ impl EventMeshService for EventMeshGrpc {
             client: session.client,
             answers: answers_tx,
             _deliveries: out_tx,
+            answers_out,
             responses,
             shards: handle.shards.len(),
         };
@@ -522,8 +525,10 @@ impl EventMeshService for EventMeshGrpc {
         );
         let stream = Responses::new(
             opened,
+            answers_out_rx,
             response_rx,
             session_id,
+            topic,
             settings.ack_timeout(),
             Arc::clone(&self.shared.meter),
         );
@@ -539,6 +544,9 @@ struct SessionTask {
     /// Keeps the channel of deliveries open while the session lives: a group that drops its
     /// link ends the session by its `End`, not by closing the channel.
     _deliveries: mpsc::UnboundedSender<Outbound>,
+    /// To the response stream: answers, which it sends ahead of `responses`.
+    answers_out: mpsc::Sender<Outbound>,
+    /// To the response stream: deliveries and the stream's `End`.
     responses: mpsc::Sender<Outbound>,
     /// Shards of its group: a drain ends the session once every one of them said so.
     shards: usize,
@@ -555,11 +563,11 @@ impl SessionTask {
         let mut drain_until = None;
         let mut drained_shards = 0;
         loop {
-            // In this order: a stop; then ACK answers, which overtake the deliveries still
-            // waiting here (up to the session's in-flight limit of them) — an answer never
-            // waits for the client to read deliveries sent after it was decided; then the
-            // client's requests; then deliveries. An answer decided before a group's `End`
-            // is forwarded before it.
+            // In this order: a stop; then ACK answers, into the stream's answers queue, which
+            // it sends ahead of the deliveries waiting in its other queue or here (up to the
+            // session's in-flight limit of them) — an answer never waits for the client to
+            // read deliveries sent after it was decided; then the client's requests; then
+            // deliveries. An answer decided before a group's `End` is forwarded before it.
             tokio::select! {
                 biased;
                 // A graceful stop: the group delivers nothing new and ends this stream with
@@ -574,7 +582,7 @@ impl SessionTask {
                 }
                 answer = answers_rx.recv() => {
                     let Some(answer) = answer else { return };
-                    if self.responses.send(answer).await.is_err() {
+                    if self.answers_out.send(answer).await.is_err() {
                         return;
                     }
                 }
@@ -609,7 +617,7 @@ impl SessionTask {
                         // Answers the group sent before its `End` are all here by now (it sent
                         // them first): they go out before the stream ends.
                         while let Ok(answer) = answers_rx.try_recv() {
-                            if self.responses.send(answer).await.is_err() {
+                            if self.answers_out.send(answer).await.is_err() {
                                 return;
                             }
                         }
@@ -716,10 +724,13 @@ impl SessionTask {
     /// Answers UNKNOWN for a delivery id no live group here issued.
     fn unknown(&self, raw_id: Bytes, detail: &str) {
         metrics::counter!("dispatcher_unknown_delivery_ids_total").increment(1);
-        let _ = self.answers.send(Outbound::Result(Answer {
-            delivery_id: AnsweredId::Text(String::from_utf8_lossy(&raw_id).into_owned()),
-            outcome: AckOutcome::Unknown,
-            detail: detail.to_owned(),
-        }));
+        let _ = self.answers.send(Outbound::Results(
+            [Answer {
+                delivery_id: AnsweredId::Text(String::from_utf8_lossy(&raw_id).into_owned()),
+                outcome: AckOutcome::Unknown,
+                detail: detail.to_owned(),
+            }]
+            .into(),
+        ));
     }
 }

@@ -14,6 +14,7 @@
 //! gets the single form by changing its entry's one key byte (same length), so no byte moves.
 
 use bytes::{BufMut, BytesMut};
+use eventmesh_common::keys::Topic;
 use eventmesh_proto::encoded::SubscribeResponseBytes;
 use prost::encoding::{WireType, encode_key, encode_varint, encoded_len_varint, key_len};
 
@@ -145,6 +146,7 @@ fn put_event(event: &DeliveredEvent<'_>, buf: &mut impl BufMut) {
 /// One delivery's message, read from its frame and measured, ready to write.
 pub struct DeliveryMessage<'a> {
     sending: &'a Sending,
+    topic: &'a Topic,
     id: IdText,
     deadline_unix_ms: i64,
     /// `None` when the frame does not decode (intake dead-letters those; an event that is
@@ -154,8 +156,9 @@ pub struct DeliveryMessage<'a> {
 }
 
 impl<'a> DeliveryMessage<'a> {
-    /// `sending`'s message with the ACK deadline `deadline_unix_ms`.
-    pub fn new(sending: &'a Sending, deadline_unix_ms: i64) -> Self {
+    /// `sending`'s message, of `topic` (the session's), with the ACK deadline
+    /// `deadline_unix_ms`.
+    pub fn new(sending: &'a Sending, topic: &'a Topic, deadline_unix_ms: i64) -> Self {
         let id = sending.id.text();
         let event = sending
             .decodable
@@ -167,7 +170,7 @@ impl<'a> DeliveryMessage<'a> {
             });
         let len = text_len(delivery::ID, id.as_bytes())
             + varint_len(delivery::ATTEMPT, u64::from(sending.attempt))
-            + text_len(delivery::TOPIC, sending.topic.as_str().as_bytes())
+            + text_len(delivery::TOPIC, topic.as_str().as_bytes())
             + text_len(delivery::PARTITION, sending.partition.as_str().as_bytes())
             // int64 is written as the two's complement's 64 bits (a negative one takes 10 bytes).
             + varint_len(delivery::OFFSET, sending.offset as u64)
@@ -178,6 +181,7 @@ impl<'a> DeliveryMessage<'a> {
             + text_len(delivery::KEY, &sending.key);
         DeliveryMessage {
             sending,
+            topic,
             id,
             deadline_unix_ms,
             event,
@@ -199,7 +203,7 @@ impl<'a> DeliveryMessage<'a> {
         let sending = self.sending;
         put_text(delivery::ID, self.id.as_bytes(), buf);
         put_varint(delivery::ATTEMPT, u64::from(sending.attempt), buf);
-        put_text(delivery::TOPIC, sending.topic.as_str().as_bytes(), buf);
+        put_text(delivery::TOPIC, self.topic.as_str().as_bytes(), buf);
         put_text(
             delivery::PARTITION,
             sending.partition.as_str().as_bytes(),
@@ -354,6 +358,11 @@ mod tests {
         append_attributes(&body, &appended, &FrameLimits::STAMPED.stamped()).unwrap()
     }
 
+    /// The topic of the test's session.
+    fn topic() -> Topic {
+        Topic::new("orders").unwrap()
+    }
+
     fn sending(n: u64, body: Bytes, decodable: bool) -> Sending {
         Sending {
             id: DeliveryId {
@@ -362,7 +371,6 @@ mod tests {
                 seq: n,
             },
             attempt: 1 + n as u32 % 3,
-            topic: Topic::new("orders").unwrap(),
             partition: PartitionId::number(n as u32 % 4),
             offset: n as i64 - 1,
             decodable,
@@ -377,7 +385,7 @@ mod tests {
 
     /// The message field-by-field building gives.
     fn reference(sending: &Sending, deadline: i64) -> pb::Delivery {
-        let mut message = sending.clone().into_message();
+        let mut message = sending.clone().into_message(&topic());
         message.ack_deadline_unix_ms = deadline;
         message
     }
@@ -429,7 +437,8 @@ mod tests {
         for item in items {
             match item {
                 Item::Delivery(sending) => {
-                    let message = DeliveryMessage::new(sending, deadline);
+                    let topic = topic();
+                    let message = DeliveryMessage::new(sending, &topic, deadline);
                     let expected = reference(sending, deadline);
                     assert_eq!(message.encoded_len(), expected.encoded_len());
                     assert_eq!(
@@ -513,7 +522,7 @@ mod tests {
         for round in 0..3 {
             builder.start(10);
             let message = sending(round, body.clone(), true);
-            builder.delivery(&DeliveryMessage::new(&message, 1));
+            builder.delivery(&DeliveryMessage::new(&message, &topic(), 1));
             let built = builder.finish();
             assert!(matches!(
                 built.decode_message().unwrap().kind,

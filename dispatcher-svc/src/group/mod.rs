@@ -34,6 +34,7 @@
 
 mod credits;
 mod intake;
+mod outbox;
 mod report;
 mod sessions;
 mod settling;
@@ -78,17 +79,17 @@ pub(crate) type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
 /// What a session receives from its group, in order.
 #[derive(Debug)]
 pub enum Outbound {
-    /// A delivery to write to the client; the stream reports back when it has.
-    Delivery {
-        /// The delivery, made a message by the stream (its ACK deadline stamped then).
-        sending: Sending,
-        /// The group's sequence number of it.
-        seq: u64,
-        /// Where to report that it was written.
+    /// Deliveries to write to the client, in order (what one pass of a group shard handed
+    /// this session); the stream reports back when it has written them.
+    Deliveries {
+        /// The deliveries, each made a message by the stream (its ACK deadline stamped then).
+        batch: VecDeque<Sending>,
+        /// Where to report that they were written (their sequence numbers are `id.seq`).
         group: mpsc::UnboundedSender<GroupCmd>,
     },
-    /// An outcome for the client.
-    Result(Answer),
+    /// Outcomes for the client, in the order decided (what one wake-up of a group shard
+    /// decided for this session, or one answer of the session itself).
+    Results(VecDeque<Answer>),
     /// The group ended under the session: the stream ends with this status.
     End(tonic::Status),
 }
@@ -295,6 +296,13 @@ pub(crate) struct Group {
     siblings: Arc<[mpsc::UnboundedSender<GroupCmd>]>,
     gate: Arc<GateBoard>,
     sessions: Vec<SessionSlot>,
+    /// Scratch of [`Group::pump`]: what one pass hands each session (by index in `sessions`),
+    /// sent as one message per session; empty between passes.
+    outgoing: Vec<VecDeque<Sending>>,
+    /// A pass of [`Group::pump_now`] is due at the end of this wake-up.
+    pump_due: bool,
+    /// Answers decided in this wake-up, sent at its end.
+    outbox: outbox::Outbox,
     next_session: usize,
     next_seq: u64,
     deliveries: FastMap<u64, Delivery>,
@@ -405,6 +413,9 @@ pub(crate) fn spawn(shared: Arc<Shared>, init: GroupInit) -> Started {
         siblings,
         gate,
         sessions: Vec::new(),
+        outgoing: Vec::new(),
+        pump_due: false,
+        outbox: outbox::Outbox::default(),
         next_session: 0,
         next_seq: 1,
         deliveries: FastMap::default(),
@@ -462,12 +473,12 @@ enum Wake {
 }
 
 /// An answer to a client about the delivery `id` it named.
-fn result(id: DeliveryId, outcome: AckOutcome, detail: &str) -> Outbound {
-    Outbound::Result(Answer {
+fn answer(id: DeliveryId, outcome: AckOutcome, detail: &str) -> Answer {
+    Answer {
         delivery_id: AnsweredId::Issued(id),
         outcome,
         detail: detail.to_owned(),
-    })
+    }
 }
 
 impl Group {
@@ -532,6 +543,10 @@ impl Group {
             if !go_on {
                 break;
             }
+            if self.pump_due {
+                self.pump_now();
+            }
+            self.outbox.flush();
             if !by_command && self.settled.due(commands.is_empty()) {
                 self.flush_settled();
             }
@@ -543,6 +558,7 @@ impl Group {
                 break;
             }
         }
+        self.outbox.flush();
         self.flush_settled();
         self.flush_watermarks();
         self.report_busy();
@@ -687,6 +703,8 @@ impl Group {
     /// every ACK it made answered DURABLE and nothing of it to be redelivered.
     fn end_drained_sessions(&mut self) {
         tracing::info!(group = %self.key, sessions = self.sessions.len(), "drained: every sent delivery is settled and durable; sessions told to move");
+        // Answers decided so far reach each stream before its `End`.
+        self.outbox.flush();
         for slot in self.sessions.drain(..) {
             let _ = slot.link.out.send(Outbound::End(draining_status()));
         }
@@ -697,6 +715,8 @@ impl Group {
     fn end_sessions(&mut self, status: &tonic::Status) -> u32 {
         tracing::info!(group = %self.key, sessions = self.sessions.len(), code = ?status.code(), message = status.message(), "ending the group now");
         self.closing = true;
+        // Answers decided so far reach each stream before its `End`.
+        self.outbox.flush();
         let count = self.sessions.len() as u32;
         for slot in self.sessions.drain(..) {
             let _ = slot.link.out.send(Outbound::End(status.clone()));
@@ -729,7 +749,7 @@ impl Group {
                 reply_to,
             } => {
                 for id in ids {
-                    self.settle_request(op, id, &client, reply_to.clone());
+                    self.settle_request(op, id, &client, &reply_to);
                 }
             }
             GroupCmd::Written { seqs, session, at } => self.written(&seqs, session, at),
@@ -768,26 +788,33 @@ impl Group {
         op: SettleOp,
         id: DeliveryId,
         client: &ClientId,
-        reply_to: mpsc::UnboundedSender<Outbound>,
+        reply_to: &mpsc::UnboundedSender<Outbound>,
     ) {
-        let reply = |outcome, detail: &str| {
-            let _ = reply_to.send(result(id, outcome, detail));
-        };
         // One client may not hold a delivery away from its group for long: NACK delays and
         // extensions are capped, and the answer says so.
         let (op, capped) = self.shared.settings.cap(op);
         let Some(delivery) = self.deliveries.get_mut(&id.seq) else {
             if id.seq < self.next_seq {
-                reply(AckOutcome::AlreadySettled, "already settled");
+                self.outbox.add(
+                    reply_to,
+                    answer(id, AckOutcome::AlreadySettled, "already settled"),
+                );
             } else {
-                reply(AckOutcome::Unknown, "no such delivery");
+                self.outbox.add(
+                    reply_to,
+                    answer(id, AckOutcome::Unknown, "no such delivery"),
+                );
             }
             return;
         };
         if !delivery.was_sent_to(client) {
-            reply(
-                AckOutcome::NotOwned,
-                "this delivery was not sent to a session of this client",
+            self.outbox.add(
+                reply_to,
+                answer(
+                    id,
+                    AckOutcome::NotOwned,
+                    "this delivery was not sent to a session of this client",
+                ),
             );
             return;
         }
@@ -796,9 +823,13 @@ impl Group {
                 _,
                 DeliveryState::Writing | DeliveryState::Covering | DeliveryState::DeadLettering,
             ) => {
-                reply(
-                    AckOutcome::AlreadySettled,
-                    "already ACKed (or dead-lettered); settling",
+                self.outbox.add(
+                    reply_to,
+                    answer(
+                        id,
+                        AckOutcome::AlreadySettled,
+                        "already ACKed (or dead-lettered); settling",
+                    ),
                 );
             }
             (SettleOp::Ack, state) => {
@@ -819,13 +850,15 @@ impl Group {
             (SettleOp::Nack(delay), _) => {
                 self.tallies.nacked.add(&delivery.partition);
                 self.retry(id.seq, Retry::After(delay), "NACKed");
-                reply(AckOutcome::Nacked, &capped);
+                self.outbox
+                    .add(reply_to, answer(id, AckOutcome::Nacked, &capped));
                 self.pump();
             }
             (SettleOp::Extend(extra), DeliveryState::Sent { .. }) => {
                 let deadline = Instant::now() + extra;
                 set_timer(&mut self.timers, delivery, id.seq, deadline);
-                reply(AckOutcome::Extended, &capped);
+                self.outbox
+                    .add(reply_to, answer(id, AckOutcome::Extended, &capped));
             }
             (SettleOp::Extend(extra), _) => {
                 // Not written yet (or waiting for a retry): the clock starts later; remember.
@@ -836,7 +869,8 @@ impl Group {
                     .copied()
                     .collect::<Vec<_>>()
                     .join("; ");
-                reply(AckOutcome::Extended, &detail);
+                self.outbox
+                    .add(reply_to, answer(id, AckOutcome::Extended, &detail));
             }
         }
     }
@@ -1024,8 +1058,10 @@ impl Group {
                         continue; // retired meanwhile
                     };
                     for waiter in &delivery.waiters {
-                        let _ = waiter.send(result(
-                            delivery.id,
+                        self.outbox.add(
+                            waiter,
+                            answer(
+                                delivery.id,
                             AckOutcome::Pending,
                             "ACK accepted; the offset store is unavailable and the write is being retried",
                         ));
@@ -1107,8 +1143,9 @@ impl Group {
             self.ack_latency
                 .observe(self.woke_at.saturating_duration_since(acked_at));
         }
-        for waiter in delivery.waiters {
-            let _ = waiter.send(result(delivery.id, AckOutcome::Durable, ""));
+        for waiter in &delivery.waiters {
+            self.outbox
+                .add(waiter, answer(delivery.id, AckOutcome::Durable, ""));
         }
         if !delivery.ack_key.is_empty() {
             self.shared
@@ -1301,13 +1338,121 @@ mod tests {
     /// used to be admitted. Its deliveries could never be delivered, so the closing group
     /// never ended and refused every session of the group until a restart. Now it is not
     /// admitted: its budget goes back and its records stay unsettled for the next reader.
+    /// `count` records of partition 0 from `first`, as one pulled batch.
+    fn batch_of(first: i64, count: i64) -> PullResponse {
+        let mut pulled = PullResponse::default();
+        for offset in first..first + count {
+            let one = batch(offset);
+            pulled.records.extend(one.records);
+        }
+        pulled.ranges = vec![PartitionRange {
+            partition: "0".into(),
+            first,
+            next: first + count,
+            lost_to_retention: 0,
+        }];
+        pulled
+    }
+
+    /// The deliveries of the next message, which must be `Deliveries` (PENDING answers, from
+    /// offset writes that cannot finish here, are skipped).
+    async fn next_deliveries(outbound: &mut mpsc::UnboundedReceiver<Outbound>) -> Vec<Sending> {
+        loop {
+            match tokio::time::timeout(Duration::from_secs(5), outbound.recv()).await {
+                Ok(Some(Outbound::Deliveries { batch, .. })) => return batch.into(),
+                Ok(Some(Outbound::Results(answers)))
+                    if answers.iter().all(|a| a.outcome == AckOutcome::Pending) => {}
+                other => panic!("expected deliveries, got {other:?}"),
+            }
+        }
+    }
+
+    /// What one wake-up of the actor makes ready or frees goes to a session as one message: a
+    /// pulled batch as far as the session's credits reach, the credits a message of ACKs frees
+    /// as one more, and the answers to a message of NACKs as one `Results`, in order.
     #[tokio::test]
-    async fn a_closing_group_takes_no_batch() {
-        let shutdown = CancellationToken::new();
-        let settings = DeliverySettings {
-            group_grace_ms: 10,
-            ..DeliverySettings::default()
+    async fn a_wake_up_sends_a_session_one_message_of_deliveries_and_one_of_answers() {
+        let TestGroup {
+            shutdown,
+            key,
+            budget,
+            commands,
+            ..
+        } = test_group(DeliverySettings::default());
+        let (out, mut outbound) = join(&commands, 1, 4).await;
+        let charge = budget.reserve(&key.label(), 12, 12).await;
+        commands
+            .send(GroupCmd::Pulled {
+                batch: batch_of(0, 12),
+                charge,
+            })
+            .unwrap();
+        let offsets = |sent: &[Sending]| sent.iter().map(|s| s.offset).collect::<Vec<_>>();
+        let first = next_deliveries(&mut outbound).await;
+        assert_eq!(offsets(&first), [0, 1, 2, 3], "as far as the credits reach");
+        let settle = |sent: &[Sending], op| {
+            let seqs: Vec<u64> = sent.iter().map(|s| s.id.seq).collect();
+            commands
+                .send(GroupCmd::Written {
+                    seqs,
+                    session: 1,
+                    at: Instant::now(),
+                })
+                .unwrap();
+            commands
+                .send(GroupCmd::Settle {
+                    op,
+                    ids: sent.iter().map(|s| s.id).collect(),
+                    client: ClientId::new("app").unwrap(),
+                    reply_to: out.clone(),
+                })
+                .unwrap();
         };
+        // Four ACKs in one message free four credits: one message of four deliveries follows.
+        settle(&first, SettleOp::Ack);
+        let second = next_deliveries(&mut outbound).await;
+        assert_eq!(offsets(&second), [4, 5, 6, 7]);
+        // Four NACKs (redelivered only after a minute) in one message: four more deliveries in
+        // one message, then the four answers in one message, in the order of the ids.
+        settle(&second, SettleOp::Nack(Some(Duration::from_secs(60))));
+        let third = next_deliveries(&mut outbound).await;
+        assert_eq!(offsets(&third), [8, 9, 10, 11]);
+        // The ACKs' offset writes cannot finish here: PENDING answers may come too.
+        let answered = loop {
+            match tokio::time::timeout(Duration::from_secs(5), outbound.recv()).await {
+                Ok(Some(Outbound::Results(answers))) => {
+                    let decided: Vec<_> = answers
+                        .iter()
+                        .filter(|a| a.outcome != AckOutcome::Pending)
+                        .map(|a| (a.delivery_id.clone(), a.outcome))
+                        .collect();
+                    if !decided.is_empty() {
+                        break decided;
+                    }
+                }
+                other => panic!("expected answers, got {other:?}"),
+            }
+        };
+        let expected: Vec<_> = second
+            .iter()
+            .map(|s| (AnsweredId::Issued(s.id), AckOutcome::Nacked))
+            .collect();
+        assert_eq!(answered, expected);
+        shutdown.cancel();
+    }
+
+    /// One group shard (topic `race`, group `g`, partition 0 from its start) whose offset
+    /// store and puller are unreachable: an ACKed delivery stays in its offset write.
+    struct TestGroup {
+        shutdown: CancellationToken,
+        key: GroupKey,
+        budget: Arc<TopicBudget>,
+        commands: mpsc::UnboundedSender<GroupCmd>,
+        gate: tokio::sync::watch::Receiver<PullGate>,
+    }
+
+    fn test_group(settings: DeliverySettings) -> TestGroup {
+        let shutdown = CancellationToken::new();
         let (writer, _writer_task) =
             OffsetWriter::spawn(nowhere(), Duration::from_millis(1), false, shutdown.clone());
         let (broker_acks, _acker_task) =
@@ -1330,9 +1475,9 @@ mod tests {
         let budget = TopicBudget::new("race", 100, 1_000);
         budget.join(&key.label());
         let (commands, receiver) = mpsc::unbounded_channel();
-        let (board, mut gate) = GateBoard::new(1);
+        let (board, gate) = GateBoard::new(1);
         spawn(
-            Arc::clone(&shared),
+            shared,
             GroupInit {
                 key: key.clone(),
                 number: 1,
@@ -1347,16 +1492,51 @@ mod tests {
                 },
             },
         );
-        let (out, mut outbound) = mpsc::unbounded_channel();
+        TestGroup {
+            shutdown,
+            key,
+            budget,
+            commands,
+            gate,
+        }
+    }
+
+    /// Joins session `id` of client `app` with `credits`, its deliveries and answers on one
+    /// channel.
+    async fn join(
+        commands: &mpsc::UnboundedSender<GroupCmd>,
+        id: u64,
+        credits: u32,
+    ) -> (
+        mpsc::UnboundedSender<Outbound>,
+        mpsc::UnboundedReceiver<Outbound>,
+    ) {
+        let (out, outbound) = mpsc::unbounded_channel();
         let (reply, joined) = oneshot::channel();
         let session = SessionLink {
-            id: 1,
+            id,
             client: ClientId::new("app").unwrap(),
             out: out.clone(),
-            credits: Arc::new(Credits::new(10)),
+            credits: Arc::new(Credits::new(credits)),
         };
         commands.send(GroupCmd::Join { session, reply }).unwrap();
         assert!(joined.await.unwrap());
+        (out, outbound)
+    }
+
+    #[tokio::test]
+    async fn a_closing_group_takes_no_batch() {
+        let TestGroup {
+            shutdown,
+            key,
+            budget,
+            commands,
+            mut gate,
+        } = test_group(DeliverySettings {
+            group_grace_ms: 10,
+            ..DeliverySettings::default()
+        });
+        let (out, mut outbound) = join(&commands, 1, 10).await;
         let charge = budget.reserve(&key.label(), 1, 1).await;
         commands
             .send(GroupCmd::Pulled {
@@ -1364,10 +1544,15 @@ mod tests {
                 charge,
             })
             .unwrap();
-        let Some(Outbound::Delivery { sending, seq, .. }) = outbound.recv().await else {
+        let Some(Outbound::Deliveries {
+            batch: mut sent, ..
+        }) = outbound.recv().await
+        else {
             panic!("a delivery");
         };
-        let message = sending.into_message();
+        let sending = sent.pop_front().unwrap();
+        let seq = sending.id.seq;
+        let message = sending.into_message(&key.topic);
         commands
             .send(GroupCmd::Written {
                 seqs: vec![seq],

@@ -13,16 +13,29 @@
 //! * A session that leaves hands everything it held to the group at once: what it had taken
 //!   comes back as the next attempt (or is dead-lettered after the last), the rest unchanged.
 
+use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use eventmesh_common::trace_context::Operation;
+use tokio::sync::mpsc;
 
-use super::{DeliveryState, Group, GroupCmd, Outbound, Retry, SessionSlot, set_timer};
+use super::{DeliveryState, Group, GroupCmd, Outbound, Retry, Sending, SessionSlot, set_timer};
 use crate::crash::{CrashPoint, crash_point};
+use crate::responses::MAX_BATCH_ITEMS;
 
 impl Group {
-    /// Hands ready deliveries to sessions with spare capacity, round robin.
+    /// Asks for a pass handing ready deliveries to sessions ([`Group::pump_now`]), made once at
+    /// the end of the actor's wake-up: every command of it may make deliveries ready or free
+    /// credits (a message of ACKs frees one per id), and one pass after all of them sends each
+    /// session what it gets as one message instead of one message per credit freed.
     pub(super) fn pump(&mut self) {
+        self.pump_due = true;
+    }
+
+    /// Hands ready deliveries to sessions with spare capacity, round robin; each session gets
+    /// what this pass handed it as one message.
+    pub(super) fn pump_now(&mut self) {
+        self.pump_due = false;
         // A fenced instance (its lease not renewed in time) delivers nothing: another instance
         // may be the group's home by now.
         if !self.shared.may_serve() {
@@ -32,6 +45,19 @@ impl Group {
         if self.draining {
             return;
         }
+        let mut outgoing = std::mem::take(&mut self.outgoing);
+        outgoing.resize_with(self.sessions.len(), VecDeque::new);
+        self.assign_ready(&mut outgoing);
+        for (slot, batch) in self.sessions.iter().zip(outgoing.iter_mut()) {
+            send_deliveries(slot, batch, &self.cmd_tx);
+        }
+        outgoing.clear();
+        self.outgoing = outgoing;
+    }
+
+    /// Assigns ready deliveries round robin to sessions with credit, adding each to its
+    /// session's entry of `outgoing`.
+    fn assign_ready(&mut self, outgoing: &mut [VecDeque<Sending>]) {
         while !self.sessions.is_empty() {
             let Some(&seq) = self.ready.front() else {
                 return;
@@ -60,7 +86,7 @@ impl Group {
             let Some(delivery) = self.deliveries.get_mut(&seq) else {
                 continue;
             };
-            let sending = delivery.sending(&self.key.topic);
+            outgoing[index].push_back(delivery.sending());
             delivery.record_hop(Operation::DELIVER, &self.key, &slot.link.client);
             delivery.state = DeliveryState::Assigned {
                 session: slot.link.id,
@@ -68,18 +94,6 @@ impl Group {
             delivery.note_client(&slot.link.client);
             let client_key = (slot.link.client.clone(), delivery.partition.clone());
             let offset = delivery.offset;
-            let sent = slot.link.out.send(Outbound::Delivery {
-                sending,
-                seq,
-                group: self.cmd_tx.clone(),
-            });
-            if sent.is_err() {
-                // The session is going away; its Leave will follow and reassign.
-                delivery.state = DeliveryState::Ready;
-                self.ready.push_front(seq);
-                slot.link.credits.give_back();
-                return;
-            }
             slot.unwritten += 1;
             slot.waiting_since.get_or_insert_with(Instant::now);
             self.clients
@@ -88,6 +102,11 @@ impl Group {
                 .tracker
                 .sent(offset);
             self.tallies.delivered.add();
+            // A run goes in parts of one response's worth: an answer the session task gets
+            // meanwhile overtakes the parts still waiting there.
+            if outgoing[index].len() >= MAX_BATCH_ITEMS {
+                send_deliveries(&self.sessions[index], &mut outgoing[index], &self.cmd_tx);
+            }
         }
     }
 
@@ -228,6 +247,23 @@ impl Group {
         self.update_gate();
         self.pump();
     }
+}
+
+/// Sends `batch` (emptied) to the session, if it holds anything.
+fn send_deliveries(
+    slot: &SessionSlot,
+    batch: &mut VecDeque<Sending>,
+    group: &mpsc::UnboundedSender<GroupCmd>,
+) {
+    if batch.is_empty() {
+        return;
+    }
+    // A failed send means the session's task has ended and its Leave follows: that hands back
+    // everything assigned to it, these included.
+    let _ = slot.link.out.send(Outbound::Deliveries {
+        batch: std::mem::take(batch),
+        group: group.clone(),
+    });
 }
 
 impl SessionSlot {

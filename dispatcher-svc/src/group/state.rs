@@ -4,7 +4,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use eventmesh_common::dead_letter::DeadLetter;
-use eventmesh_common::keys::{ClientId, PartitionId, Topic};
+use eventmesh_common::keys::{ClientId, PartitionId};
 use eventmesh_common::trace_context::{EventTrace, Operation};
 use eventmesh_proto::puller::PulledRecord;
 use smallvec::SmallVec;
@@ -59,9 +59,7 @@ pub struct Sending {
     pub id: DeliveryId,
     /// This attempt.
     pub attempt: u32,
-    /// The topic.
-    pub topic: Topic,
-    /// The MQ partition.
+    /// The MQ partition (the topic is the session's: its stream writes it).
     pub partition: PartitionId,
     /// The MQ offset.
     pub offset: i64,
@@ -77,7 +75,10 @@ impl Sending {
     /// The message for the client (the deadline is stamped when written), built field by
     /// field: what [`crate::wire`]'s bytes must decode to.
     #[cfg(test)]
-    pub fn into_message(self) -> eventmesh_proto::client::Delivery {
+    pub fn into_message(
+        self,
+        topic: &eventmesh_common::keys::Topic,
+    ) -> eventmesh_proto::client::Delivery {
         let event = if self.decodable {
             crate::event::decode_for_delivery(&self.body).ok()
         } else {
@@ -86,7 +87,7 @@ impl Sending {
         eventmesh_proto::client::Delivery {
             delivery_id: self.id.to_text(),
             attempt: self.attempt,
-            topic: self.topic.to_string(),
+            topic: topic.to_string(),
             partition: self.partition.to_string(),
             offset: self.offset,
             event,
@@ -174,11 +175,10 @@ impl Delivery {
 
     /// What its message for the client is made of, for the session's stream to build
     /// ([`crate::wire`]): the group's actor only counts references here.
-    pub fn sending(&self, topic: &Topic) -> Sending {
+    pub fn sending(&self) -> Sending {
         Sending {
             id: self.id,
             attempt: self.attempt,
-            topic: topic.clone(),
             partition: self.partition.clone(),
             offset: self.offset,
             decodable: self.decodable,
