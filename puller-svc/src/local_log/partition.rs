@@ -643,6 +643,7 @@ impl PartitionLog {
                 break;
             }
             let end = end_of(index + count);
+            out.reserve(count);
             read_span(
                 &segment.file,
                 &segment.positions[index..index + count],

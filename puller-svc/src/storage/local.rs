@@ -225,6 +225,7 @@ impl Inner {
                         first_error.get_or_insert(err);
                     }
                 }
+                batch.records.reserve(plan.records.len());
                 for record in &plan.records {
                     let origin = Origin {
                         topic: &reader.topic,
