@@ -9,15 +9,19 @@
 # latency (publish → delivery after a quiet spell, 200 samples).
 #
 #   scripts/bench-peer.sh [--events N] [--rounds R] [--sizes 256,1024] [--streams 1,8]
-#                         [--profile release|dev] [--sync] [--dispatcher-arg=FLAG]...
+#                         [--max-in-flight M] [--profile release|dev] [--sync]
+#                         [--dispatcher-arg=FLAG]...
 #
+# --max-in-flight: our per-session in-flight limit (default 4,096; the dispatcher's limit is
+# raised to it). JetStream's consumer keeps max_ack_pending = max(65,536, streams × 1,024), its
+# own best, so ours is the smaller window of the two.
 # --sync: our local log fsyncs every append write (per batch and partition); JetStream keeps its
 # default (its file store does not fsync every write). --dispatcher-arg passes a flag to our
 # dispatcher-svc (e.g. --dispatcher-arg=--group-shards=1). Builds what it runs (cargo, --profile),
 # installs and starts nats-server (scripts/nats.sh) in a fresh directory, stops it at the end.
 source "$(dirname "$0")/common.sh"
 
-events=200000 rounds=5 sizes=256,1024 streams=1,8 profile=release sync=false
+events=200000 rounds=5 sizes=256,1024 streams=1,8 profile=release sync=false max_in_flight=4096
 dispatcher_args=()
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -25,6 +29,7 @@ while [ $# -gt 0 ]; do
     --rounds) rounds="$2"; shift 2 ;;
     --sizes) sizes="$2"; shift 2 ;;
     --streams) streams="$2"; shift 2 ;;
+    --max-in-flight) max_in_flight="$2"; shift 2 ;;
     --profile) profile="$2"; shift 2 ;;
     --sync) sync=true; shift ;;
     --dispatcher-arg=*) dispatcher_args+=("$1"); shift ;;
@@ -53,7 +58,7 @@ for size in ${sizes//,/ }; do
       log "size $size B, $stream_count streams, round $round/$rounds: ours"
       "$bin_dir/emctl" bench --events "$events" --sizes "$size" --streams "$stream_count" \
         --data-dir "$work" --bin-dir "$bin_dir" --puller-arg="--sync-appends=$sync" --json \
-        --idle-samples 0 "${dispatcher_args[@]}" \
+        --idle-samples 0 --max-in-flight "$max_in_flight" "${dispatcher_args[@]}" \
         | sed "s/^{/{\"side\":\"ours\",\"round\":$round,\"sync\":$sync,/" | tee -a "$results"
       log "size $size B, $stream_count streams, round $round/$rounds: jetstream"
       "$bin_dir/jetstream-bench" --url "$nats_url" --server-pid "$nats_pid" --events "$events" \
