@@ -6,37 +6,68 @@
 //! queue it passed through.
 //!
 //! The bound is in deliveries, not batches: at most `capacity` deliveries wait between the two
-//! sides (given and not yet taken by the application), however the server batches them. A
-//! batch's room is taken before it is given ([`Giver::room`], which waits while the
-//! application is behind) and comes back when the application has taken the batch's last
-//! delivery. A batch larger than `capacity` must be split by the giver ([`Giver::capacity`]).
+//! sides (given and not yet taken by the application), however the server batches them. The
+//! giver waits for room before it gives ([`Giver::room`]); every delivery the application takes
+//! makes room for one more at once — not when the rest of its batch is taken too, or an
+//! application that takes one delivery and waits for its ACK's answer would wait for ever: the
+//! server sends the next delivery as soon as the ACK frees its credit, the task must give it
+//! before it reads the stream again, and the answer is behind it in the stream. A batch larger
+//! than `capacity` must be split by the giver ([`Giver::capacity`], [`split_into`]).
 
 use std::collections::VecDeque;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::task::{Context, Poll};
 
-use tokio::sync::{AcquireError, Semaphore, mpsc};
+use tokio::sync::{Notify, mpsc};
 
 use crate::error::ClientError;
 
 type Item<T> = Result<Vec<T>, ClientError>;
 
+/// The count both sides keep: how many were given and taken, and whether either side waits or
+/// is gone.
+#[derive(Debug)]
+struct Counts {
+    capacity: u64,
+    given: AtomicU64,
+    taken: AtomicU64,
+    /// The giver waits for room (the taker then wakes it with every delivery it takes).
+    giver_waits: AtomicBool,
+    /// The taker is gone: nobody will make room again.
+    taker_gone: AtomicBool,
+    room_made: Notify,
+}
+
+impl Counts {
+    fn has_room_for(&self, len: u64) -> bool {
+        // SeqCst pairs with the taker's: either the giver sees the take, or the taker sees the
+        // giver waiting and wakes it.
+        let waiting = self.given.load(Ordering::SeqCst) - self.taken.load(Ordering::SeqCst);
+        waiting + len <= self.capacity
+    }
+}
+
 /// A hand-off of at most `capacity` waiting items (at least 1); deliveries in a subscription.
 pub(crate) fn handoff<T>(capacity: usize) -> (Giver<T>, Taker<T>) {
-    let capacity = capacity.clamp(1, Semaphore::MAX_PERMITS);
-    let room = Arc::new(Semaphore::new(capacity));
+    let counts = Arc::new(Counts {
+        capacity: capacity.max(1) as u64,
+        given: AtomicU64::new(0),
+        taken: AtomicU64::new(0),
+        giver_waits: AtomicBool::new(false),
+        taker_gone: AtomicBool::new(false),
+        room_made: Notify::new(),
+    });
     let (batches, rx) = mpsc::unbounded_channel();
     (
         Giver {
             batches,
-            room: Arc::clone(&room),
-            capacity,
+            counts: Arc::clone(&counts),
         },
         Taker {
             batches: rx,
-            room,
+            counts,
             current: Vec::new().into_iter(),
-            owed: 0,
         },
     )
 }
@@ -45,11 +76,14 @@ pub(crate) fn handoff<T>(capacity: usize) -> (Giver<T>, Taker<T>) {
 #[derive(Debug)]
 pub(crate) struct Giver<T> {
     batches: mpsc::UnboundedSender<Item<T>>,
-    room: Arc<Semaphore>,
-    capacity: usize,
+    counts: Arc<Counts>,
 }
 
-/// Room taken for one batch of `len` deliveries; give the batch with it.
+/// The application side is gone: nothing given will be taken.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct TakerGone;
+
+/// Room for one batch; give it with [`Room::give`].
 #[must_use]
 pub(crate) struct Room<'a, T> {
     giver: &'a Giver<T>,
@@ -60,8 +94,7 @@ impl<T> Clone for Giver<T> {
     fn clone(&self) -> Self {
         Giver {
             batches: self.batches.clone(),
-            room: Arc::clone(&self.room),
-            capacity: self.capacity,
+            counts: Arc::clone(&self.counts),
         }
     }
 }
@@ -69,21 +102,31 @@ impl<T> Clone for Giver<T> {
 impl<T> Giver<T> {
     /// Most deliveries one batch may hold.
     pub(crate) fn capacity(&self) -> usize {
-        self.capacity
+        usize::try_from(self.counts.capacity).unwrap_or(usize::MAX)
     }
 
-    /// Waits for room for `len` deliveries (`1 ..= capacity`); an error once the application
-    /// side is gone. Cancel-safe: nothing is taken unless it returns.
-    pub(crate) async fn room(&self, len: usize) -> Result<Room<'_, T>, AcquireError> {
-        let len = len.clamp(1, self.capacity);
-        // `len ≤ capacity ≤ MAX_PERMITS`, which fits a u32.
-        let permits = self
-            .room
-            .acquire_many(u32::try_from(len).unwrap_or(u32::MAX))
-            .await?;
-        // Given back by the taker, when the application has taken the batch.
-        permits.forget();
-        Ok(Room { giver: self, len })
+    /// Waits until `len` more deliveries (`1 ..= capacity`) fit. Cancel-safe: it takes
+    /// nothing; the room is counted when the batch is given (there is one giver at a time).
+    pub(crate) async fn room(&self, len: usize) -> Result<Room<'_, T>, TakerGone> {
+        let len = len.clamp(1, self.capacity());
+        let counts = &self.counts;
+        loop {
+            if counts.taker_gone.load(Ordering::SeqCst) {
+                return Err(TakerGone);
+            }
+            if counts.has_room_for(len as u64) {
+                return Ok(Room { giver: self, len });
+            }
+            counts.giver_waits.store(true, Ordering::SeqCst);
+            // Checked again after saying so: a take in between either shows here or wakes us
+            // (a wake-up with nobody waiting yet is kept for the next wait).
+            if counts.has_room_for(len as u64) || counts.taker_gone.load(Ordering::SeqCst) {
+                counts.giver_waits.store(false, Ordering::SeqCst);
+                continue;
+            }
+            counts.room_made.notified().await;
+            counts.giver_waits.store(false, Ordering::SeqCst);
+        }
     }
 
     /// Tells the application the subscription cannot go on (takes no room: it is the last
@@ -94,21 +137,16 @@ impl<T> Giver<T> {
 }
 
 impl<T> Room<'_, T> {
-    /// Gives `batch`, which must hold the number of deliveries the room was taken for (a
-    /// shorter one gives the difference back).
+    /// Gives `batch`, at most the number of deliveries the room was found for.
     pub(crate) fn give(self, batch: Vec<T>) {
         debug_assert!(batch.len() <= self.len, "a batch larger than its room");
-        let unused = self.len.saturating_sub(batch.len());
-        if unused > 0 {
-            self.giver.room.add_permits(unused);
-        }
         if batch.is_empty() {
             return;
         }
-        if let Err(mpsc::error::SendError(Ok(batch))) = self.giver.batches.send(Ok(batch)) {
-            // The application is gone; the room no longer matters, but keep the count true.
-            self.giver.room.add_permits(batch.len());
-        }
+        let counts = &self.giver.counts;
+        counts.given.fetch_add(batch.len() as u64, Ordering::SeqCst);
+        // The application may be gone; then nothing waits for room any more.
+        let _ = self.giver.batches.send(Ok(batch));
     }
 }
 
@@ -116,10 +154,8 @@ impl<T> Room<'_, T> {
 #[derive(Debug)]
 pub(crate) struct Taker<T> {
     batches: mpsc::UnboundedReceiver<Item<T>>,
-    room: Arc<Semaphore>,
+    counts: Arc<Counts>,
     current: std::vec::IntoIter<T>,
-    /// Room held by `current`, given back with its last delivery.
-    owed: usize,
 }
 
 impl<T> Taker<T> {
@@ -130,16 +166,15 @@ impl<T> Taker<T> {
     ) -> Poll<Option<Result<T, ClientError>>> {
         loop {
             if let Some(item) = self.current.next() {
-                if self.current.len() == 0 {
-                    self.room.add_permits(std::mem::take(&mut self.owed));
+                let counts = &self.counts;
+                counts.taken.fetch_add(1, Ordering::SeqCst);
+                if counts.giver_waits.load(Ordering::SeqCst) {
+                    counts.room_made.notify_one();
                 }
                 return Poll::Ready(Some(Ok(item)));
             }
             match self.batches.poll_recv(cx) {
-                Poll::Ready(Some(Ok(batch))) => {
-                    self.owed = batch.len();
-                    self.current = batch.into_iter();
-                }
+                Poll::Ready(Some(Ok(batch))) => self.current = batch.into_iter(),
                 Poll::Ready(Some(Err(error))) => return Poll::Ready(Some(Err(error))),
                 Poll::Ready(None) => return Poll::Ready(None),
                 Poll::Pending => return Poll::Pending,
@@ -151,7 +186,8 @@ impl<T> Taker<T> {
 impl<T> Drop for Taker<T> {
     fn drop(&mut self) {
         // A giver waiting for room learns that nobody will take.
-        self.room.close();
+        self.counts.taker_gone.store(true, Ordering::SeqCst);
+        self.counts.room_made.notify_one();
     }
 }
 
@@ -194,45 +230,60 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn the_bound_counts_items_and_room_comes_back_with_a_batchs_last_item() {
+    async fn the_bound_counts_items_and_each_item_taken_makes_room_for_one() {
         let (giver, mut taker) = handoff::<u32>(4);
         giver.room(3).await.unwrap().give(vec![1, 2, 3]);
         // One slot left: a batch of two waits.
         let waiting = tokio::time::timeout(Duration::from_millis(50), giver.room(2)).await;
         assert!(waiting.is_err(), "room for 5 items in a hand-off of 4");
         giver.room(1).await.unwrap().give(vec![4]);
-        // Taking part of the first batch gives nothing back yet...
-        assert_eq!(take(&mut taker).await.unwrap().unwrap(), 1);
-        assert_eq!(take(&mut taker).await.unwrap().unwrap(), 2);
         let waiting = tokio::time::timeout(Duration::from_millis(50), giver.room(1)).await;
-        assert!(
-            waiting.is_err(),
-            "room came back before the batch was taken"
-        );
-        // ...its last item gives back all three.
-        assert_eq!(take(&mut taker).await.unwrap().unwrap(), 3);
-        tokio::time::timeout(Duration::from_secs(5), giver.room(3))
-            .await
-            .unwrap()
-            .unwrap()
-            .give(vec![5, 6, 7]);
-        for expected in [4, 5, 6, 7] {
-            assert_eq!(take(&mut taker).await.unwrap().unwrap(), expected);
-        }
-    }
-
-    #[tokio::test]
-    async fn a_short_batch_gives_its_unused_room_back() {
-        let (giver, mut taker) = handoff::<u32>(2);
-        giver.room(2).await.unwrap().give(vec![1]);
-        // The second slot was never used.
+        assert!(waiting.is_err(), "room for 5 items in a hand-off of 4");
+        // Taking one item of a batch, the rest of it still waiting, makes room for one.
+        assert_eq!(take(&mut taker).await.unwrap().unwrap(), 1);
         tokio::time::timeout(Duration::from_secs(5), giver.room(1))
             .await
             .unwrap()
             .unwrap()
-            .give(vec![2]);
+            .give(vec![5]);
+        let waiting = tokio::time::timeout(Duration::from_millis(50), giver.room(1)).await;
+        assert!(waiting.is_err(), "room for 5 items in a hand-off of 4");
+        for expected in [2, 3, 4, 5] {
+            assert_eq!(take(&mut taker).await.unwrap().unwrap(), expected);
+        }
+        tokio::time::timeout(Duration::from_secs(5), giver.room(4))
+            .await
+            .unwrap()
+            .unwrap()
+            .give(vec![6, 7, 8, 9]);
+    }
+
+    /// An application that takes one delivery and waits for its ACK's answer before taking
+    /// the next: the server's next delivery (sent when the ACK freed its credit) must fit
+    /// while the rest of the first batch is still untaken, or the answer behind it in the
+    /// stream is never read.
+    #[tokio::test]
+    async fn a_giver_waiting_for_room_is_woken_by_a_single_take() {
+        let (giver, mut taker) = handoff::<u32>(4);
+        giver.room(4).await.unwrap().give(vec![1, 2, 3, 4]);
+        let next = tokio::spawn({
+            let giver = giver.clone();
+            async move {
+                giver.room(1).await.unwrap().give(vec![5]);
+            }
+        });
+        // The giver is waiting before the take.
+        while !giver.counts.giver_waits.load(Ordering::SeqCst) {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
         assert_eq!(take(&mut taker).await.unwrap().unwrap(), 1);
-        assert_eq!(take(&mut taker).await.unwrap().unwrap(), 2);
+        tokio::time::timeout(Duration::from_secs(5), next)
+            .await
+            .expect("a take wakes the waiting giver")
+            .unwrap();
+        for expected in [2, 3, 4, 5] {
+            assert_eq!(take(&mut taker).await.unwrap().unwrap(), expected);
+        }
     }
 
     #[tokio::test]
@@ -243,7 +294,9 @@ mod tests {
             let giver = giver.clone();
             async move { giver.room(1).await.is_err() }
         });
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        while !giver.counts.giver_waits.load(Ordering::SeqCst) {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
         drop(taker);
         assert!(
             tokio::time::timeout(Duration::from_secs(5), waiting)

@@ -481,3 +481,39 @@ async fn a_publisher_holds_a_bounded_number_of_bytes_while_the_server_is_frozen(
     .await;
     assert_eq!(seen, wanted);
 }
+
+/// An application that takes one delivery at a time and waits for its ACK's answer before the
+/// next, under a small in-flight limit: every answer comes, although the rest of the server's
+/// message is still waiting to be taken when the ACK frees a credit and the server sends the
+/// next delivery (the SDK makes room for it as each delivery is taken, so it reads on to the
+/// answer).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_delivery_at_a_time_with_ack_and_wait_under_a_small_in_flight_limit() {
+    let dir = tempfile::tempdir().unwrap();
+    let instance = instance(dir.path()).await;
+    let client = connect(&instance, "stepwise-app").await;
+    publish_range(&client, "stepwise", 0..40).await;
+    let mut subscription = client
+        .subscribe(
+            SubscribeOptions::new("stepwise")
+                .group("g")
+                .start(StartPosition::Earliest)
+                .max_in_flight(4),
+        )
+        .await
+        .unwrap();
+    let mut seen = std::collections::HashSet::new();
+    while seen.len() < 40 {
+        let delivery = tokio::time::timeout(Duration::from_secs(10), subscription.next())
+            .await
+            .expect("a delivery within 10 s")
+            .unwrap()
+            .unwrap();
+        let outcome = tokio::time::timeout(Duration::from_secs(10), delivery.ack_and_wait())
+            .await
+            .expect("the ACK's answer within 10 s")
+            .unwrap();
+        assert_eq!(outcome, AckOutcome::Durable);
+        seen.insert(delivery.event.id.clone());
+    }
+}

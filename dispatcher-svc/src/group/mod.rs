@@ -1333,11 +1333,6 @@ mod tests {
         }
     }
 
-    /// A batch whose pull started while the group had a session and that arrives after the
-    /// group began closing (here: closing, with an ACK whose offset write cannot finish yet)
-    /// used to be admitted. Its deliveries could never be delivered, so the closing group
-    /// never ended and refused every session of the group until a restart. Now it is not
-    /// admitted: its budget goes back and its records stay unsettled for the next reader.
     /// `count` records of partition 0 from `first`, as one pulled batch.
     fn batch_of(first: i64, count: i64) -> PullResponse {
         let mut pulled = PullResponse::default();
@@ -1524,6 +1519,11 @@ mod tests {
         (out, outbound)
     }
 
+    /// A batch whose pull started while the group had a session and that arrives after the
+    /// group began closing (here: closing, with an ACK whose offset write cannot finish yet)
+    /// used to be admitted. Its deliveries could never be delivered, so the closing group
+    /// never ended and refused every session of the group until a restart. Now it is not
+    /// admitted: its budget goes back and its records stay unsettled for the next reader.
     #[tokio::test]
     async fn a_closing_group_takes_no_batch() {
         let TestGroup {
