@@ -161,29 +161,71 @@ impl GroupHandle {
     }
 
     /// Joins `session` to every shard; `false` (and no shard keeps it) when one refused
-    /// because it is closing.
+    /// because it is closing. Dropped midway (the client went away during the join), the
+    /// shards asked so far are told to leave again: none keeps a session nobody serves.
     async fn join(&self, session: &SessionLink) -> bool {
-        for (joined, shard) in self.shards.iter().enumerate() {
+        let mut asked = LeaveOnDrop {
+            shards: &self.shards[..0],
+            session: session.id,
+        };
+        for (index, shard) in self.shards.iter().enumerate() {
             let (reply, answer) = oneshot::channel();
             let sent = shard.commands.send(GroupCmd::Join {
                 session: session.clone(),
                 reply,
             });
+            // Asked from here on: a Leave after the Join undoes it whatever the answer (a
+            // shard that refused ignores it).
+            asked.shards = &self.shards[..=index];
             if sent.is_err() || answer.await != Ok(true) {
-                for earlier in &self.shards[..joined] {
-                    let _ = earlier.commands.send(GroupCmd::Leave {
-                        session: session.id,
-                    });
-                }
                 return false;
             }
         }
+        asked.shards = &[];
         true
     }
 
     /// The session left: every shard hands back what it held of it.
     pub fn leave(&self, session: u64) {
         self.send_all(|| GroupCmd::Leave { session });
+    }
+
+    /// Makes `session` leave every shard when the returned guard is dropped — at the end of
+    /// the session's task, however it ends (a panic included).
+    pub fn leave_on_drop(&self, session: u64) -> SessionMembership {
+        SessionMembership {
+            group: self.clone(),
+            session,
+        }
+    }
+}
+
+/// Tells `shards` that `session` left, when dropped.
+struct LeaveOnDrop<'a> {
+    shards: &'a [ShardHandle],
+    session: u64,
+}
+
+impl Drop for LeaveOnDrop<'_> {
+    fn drop(&mut self) {
+        for shard in self.shards {
+            let _ = shard.commands.send(GroupCmd::Leave {
+                session: self.session,
+            });
+        }
+    }
+}
+
+/// A session's place in its group, given up when dropped ([`GroupHandle::leave_on_drop`]).
+#[must_use]
+pub struct SessionMembership {
+    group: GroupHandle,
+    session: u64,
+}
+
+impl Drop for SessionMembership {
+    fn drop(&mut self) {
+        self.group.leave(self.session);
     }
 }
 
@@ -1034,5 +1076,114 @@ impl Shared {
         {
             tracing::error!(group = %key, %error, "rewinding the group's mirrored record failed; the group may find its partitions past their end again and rewind again");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use eventmesh_common::keys::ClientId;
+
+    use super::*;
+    use crate::group::Credits;
+
+    /// A group of `count` shards whose actors are the returned receivers.
+    fn group_of(count: u64) -> (GroupHandle, Vec<mpsc::UnboundedReceiver<GroupCmd>>) {
+        let mut shards = Vec::new();
+        let mut receivers = Vec::new();
+        for number in 1..=count {
+            let (commands, receiver) = mpsc::unbounded_channel();
+            shards.push(ShardHandle {
+                number,
+                commands,
+                ended: watch::channel(false).1,
+                report: watch::channel(GroupReport::default()).1,
+            });
+            receivers.push(receiver);
+        }
+        let handle = GroupHandle {
+            number: 1,
+            key: GroupKey {
+                topic: Topic::new("t").unwrap(),
+                group: Some(GroupName::new("g").unwrap()),
+            },
+            shards: shards.into(),
+            metric_label: "t/g".into(),
+        };
+        (handle, receivers)
+    }
+
+    fn session() -> SessionLink {
+        SessionLink {
+            id: 7,
+            client: ClientId::new("app").unwrap(),
+            out: mpsc::unbounded_channel().0,
+            credits: Arc::new(Credits::new(1)),
+        }
+    }
+
+    /// Answers the shard's Join with `accept`.
+    async fn answer_join(shard: &mut mpsc::UnboundedReceiver<GroupCmd>, accept: bool) {
+        match shard.recv().await {
+            Some(GroupCmd::Join { reply, .. }) => {
+                let _ = reply.send(accept);
+            }
+            other => panic!("expected a Join, got {other:?}"),
+        }
+    }
+
+    fn left(shard: &mut mpsc::UnboundedReceiver<GroupCmd>) -> bool {
+        matches!(shard.try_recv(), Ok(GroupCmd::Leave { session: 7 }))
+    }
+
+    /// The client goes away while the second of two shards has not answered its Join yet:
+    /// both shards are told to leave (the second may still take the Join after the join
+    /// was dropped).
+    #[tokio::test]
+    async fn a_join_dropped_midway_leaves_every_shard_it_asked() {
+        let (group, mut shards) = group_of(3);
+        let session = session();
+        let mut joining = Box::pin(group.join(&session));
+        let [first, second, third] = &mut shards[..] else {
+            panic!("three shards")
+        };
+        tokio::select! {
+            _ = &mut joining => panic!("the join cannot finish"),
+            () = async {
+                answer_join(first, true).await;
+                // The second shard's Join arrives and is never answered.
+                assert!(matches!(second.recv().await, Some(GroupCmd::Join { .. })));
+            } => {}
+        }
+        drop(joining);
+        assert!(left(first), "the shard that took the session lets it go");
+        assert!(left(second), "the shard asked last lets it go too");
+        assert!(
+            third.try_recv().is_err(),
+            "a shard never asked hears nothing"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_refused_join_leaves_the_shards_asked_and_a_finished_one_keeps_them() {
+        let (group, mut shards) = group_of(2);
+        let session = session();
+        let (joined, ()) = tokio::join!(group.join(&session), async {
+            answer_join(&mut shards[0], true).await;
+            answer_join(&mut shards[1], false).await;
+        });
+        assert!(!joined);
+        assert!(left(&mut shards[0]) && left(&mut shards[1]));
+
+        let (joined, ()) = tokio::join!(group.join(&session), async {
+            answer_join(&mut shards[0], true).await;
+            answer_join(&mut shards[1], true).await;
+        });
+        assert!(joined);
+        assert!(shards[0].try_recv().is_err() && shards[1].try_recv().is_err());
+        // The membership guard is what makes the session leave.
+        drop(group.leave_on_drop(7));
+        assert!(left(&mut shards[0]) && left(&mut shards[1]));
     }
 }

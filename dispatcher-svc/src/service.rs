@@ -510,7 +510,8 @@ impl EventMeshService for EventMeshGrpc {
             responses,
             shards: handle.shards.len(),
         };
-        let group = handle.clone();
+        // The session leaves its group when its task ends, however it ends.
+        let membership = handle.leave_on_drop(session_id);
         let shutdown = self.shutdown.clone();
         let meter = Arc::clone(&self.shared.meter);
         tokio::spawn(
@@ -518,7 +519,7 @@ impl EventMeshService for EventMeshGrpc {
                 task.run(inbound, out_rx, answers_rx, shutdown).await;
                 drop(stream_slot);
                 meter.session_closed(task.client.as_str());
-                group.leave(session_id);
+                drop(membership);
                 tracing::info!("session closed");
             }
             .instrument(span),
