@@ -160,15 +160,16 @@ impl GroupHandle {
         GroupReport::merge(self.shards.iter().map(|s| s.report.borrow().clone()))
     }
 
-    /// Joins `session` to every shard; `false` (and no shard keeps it) when one refused
+    /// Joins `session` to every shard; `None` (and no shard keeps it) when one refused
     /// because it is closing. Dropped midway (the client went away during the join), the
     /// shards asked so far are told to leave again: none keeps a session nobody serves.
-    async fn join(&self, session: &SessionLink) -> bool {
-        let mut asked = LeaveOnDrop {
-            shards: &self.shards[..0],
+    async fn join(&self, session: &SessionLink) -> Option<SessionMembership> {
+        let mut membership = SessionMembership {
+            group: self.clone(),
             session: session.id,
+            asked: 0,
         };
-        for (index, shard) in self.shards.iter().enumerate() {
+        for shard in self.shards.iter() {
             let (reply, answer) = oneshot::channel();
             let sent = shard.commands.send(GroupCmd::Join {
                 session: session.clone(),
@@ -176,56 +177,40 @@ impl GroupHandle {
             });
             // Asked from here on: a Leave after the Join undoes it whatever the answer (a
             // shard that refused ignores it).
-            asked.shards = &self.shards[..=index];
+            membership.asked += 1;
             if sent.is_err() || answer.await != Ok(true) {
-                return false;
+                return None;
             }
         }
-        asked.shards = &[];
-        true
-    }
-
-    /// The session left: every shard hands back what it held of it.
-    pub fn leave(&self, session: u64) {
-        self.send_all(|| GroupCmd::Leave { session });
-    }
-
-    /// Makes `session` leave every shard when the returned guard is dropped — at the end of
-    /// the session's task, however it ends (a panic included).
-    pub fn leave_on_drop(&self, session: u64) -> SessionMembership {
-        SessionMembership {
-            group: self.clone(),
-            session,
-        }
+        Some(membership)
     }
 }
 
-/// Tells `shards` that `session` left, when dropped.
-struct LeaveOnDrop<'a> {
-    shards: &'a [ShardHandle],
-    session: u64,
-}
-
-impl Drop for LeaveOnDrop<'_> {
-    fn drop(&mut self) {
-        for shard in self.shards {
-            let _ = shard.commands.send(GroupCmd::Leave {
-                session: self.session,
-            });
-        }
-    }
-}
-
-/// A session's place in its group, given up when dropped ([`GroupHandle::leave_on_drop`]).
+/// A session's place in its group, from [`GroupHandle::join`]: dropped — at the end of the
+/// session's task however it ends (a panic included), or by a join that did not finish — it
+/// tells every shard that was asked to take the session that the session left.
 #[must_use]
 pub struct SessionMembership {
     group: GroupHandle,
     session: u64,
+    /// The group's first shards that were asked (all of them once joined).
+    asked: usize,
+}
+
+impl SessionMembership {
+    /// The group joined.
+    pub fn group(&self) -> &GroupHandle {
+        &self.group
+    }
 }
 
 impl Drop for SessionMembership {
     fn drop(&mut self) {
-        self.group.leave(self.session);
+        for shard in &self.group.shards[..self.asked] {
+            let _ = shard.commands.send(GroupCmd::Leave {
+                session: self.session,
+            });
+        }
     }
 }
 
@@ -557,13 +542,14 @@ impl Shared {
         }
     }
 
-    /// Joins `session` to its group, creating the group when it is not live here.
+    /// Joins `session` to its group, creating the group when it is not live here; the session
+    /// leaves when the membership is dropped.
     pub async fn join(
         self: &Arc<Self>,
         key: GroupKey,
         start: StartPosition,
         session: SessionLink,
-    ) -> Result<GroupHandle, DispatcherError> {
+    ) -> Result<SessionMembership, DispatcherError> {
         let mut backoff = Backoff::default();
         for _ in 0..100 {
             if self.shutdown.is_cancelled() {
@@ -579,8 +565,8 @@ impl Shared {
                     }
                 }
             };
-            if handle.join(&session).await {
-                return Ok(handle);
+            if let Some(membership) = handle.join(&session).await {
+                return Ok(membership);
             }
             // The group is closing: wait for it to end, then create a new one.
             tokio::time::sleep(backoff.next_delay()).await;
@@ -1173,17 +1159,17 @@ mod tests {
             answer_join(&mut shards[0], true).await;
             answer_join(&mut shards[1], false).await;
         });
-        assert!(!joined);
+        assert!(joined.is_none());
         assert!(left(&mut shards[0]) && left(&mut shards[1]));
 
         let (joined, ()) = tokio::join!(group.join(&session), async {
             answer_join(&mut shards[0], true).await;
             answer_join(&mut shards[1], true).await;
         });
-        assert!(joined);
+        assert!(joined.is_some());
         assert!(shards[0].try_recv().is_err() && shards[1].try_recv().is_err());
-        // The membership guard is what makes the session leave.
-        drop(group.leave_on_drop(7));
+        // The membership is what makes the session leave.
+        drop(joined);
         assert!(left(&mut shards[0]) && left(&mut shards[1]));
     }
 }

@@ -479,12 +479,12 @@ impl EventMeshService for EventMeshGrpc {
                     "client {client:?} already has {open} open sessions on this instance (limit {limit}, max_sessions_per_client)"
                 ))
             })?;
-        let handle = match self
+        let membership = match self
             .shared
             .join(session.key.clone(), session.start, link)
             .await
         {
-            Ok(handle) => handle,
+            Ok(membership) => membership,
             Err(err) => {
                 self.shared.meter.session_closed(client);
                 return Err(err.into());
@@ -508,10 +508,9 @@ impl EventMeshService for EventMeshGrpc {
             _deliveries: out_tx,
             answers_out,
             responses,
-            shards: handle.shards.len(),
+            shards: membership.group().shards.len(),
         };
         // The session leaves its group when its task ends, however it ends.
-        let membership = handle.leave_on_drop(session_id);
         let shutdown = self.shutdown.clone();
         let meter = Arc::clone(&self.shared.meter);
         tokio::spawn(
