@@ -40,6 +40,7 @@ mod sessions;
 mod settling;
 mod state;
 
+use std::borrow::Cow;
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -790,48 +791,44 @@ impl Group {
         client: &ClientId,
         reply_to: &mpsc::UnboundedSender<Outbound>,
     ) {
+        if let Some((outcome, detail)) = self.apply_request(op, id, client, reply_to) {
+            self.outbox.add(reply_to, answer(id, outcome, &detail));
+        }
+    }
+
+    /// Does what a client asked about delivery `id`; returns the answer due now (none for an
+    /// ACK taken: `reply_to` waits for its write instead).
+    fn apply_request(
+        &mut self,
+        op: SettleOp,
+        id: DeliveryId,
+        client: &ClientId,
+        reply_to: &mpsc::UnboundedSender<Outbound>,
+    ) -> Option<(AckOutcome, Cow<'static, str>)> {
         // One client may not hold a delivery away from its group for long: NACK delays and
         // extensions are capped, and the answer says so.
         let (op, capped) = self.shared.settings.cap(op);
         let Some(delivery) = self.deliveries.get_mut(&id.seq) else {
-            if id.seq < self.next_seq {
-                self.outbox.add(
-                    reply_to,
-                    answer(id, AckOutcome::AlreadySettled, "already settled"),
-                );
+            return Some(if id.seq < self.next_seq {
+                (AckOutcome::AlreadySettled, "already settled".into())
             } else {
-                self.outbox.add(
-                    reply_to,
-                    answer(id, AckOutcome::Unknown, "no such delivery"),
-                );
-            }
-            return;
+                (AckOutcome::Unknown, "no such delivery".into())
+            });
         };
         if !delivery.was_sent_to(client) {
-            self.outbox.add(
-                reply_to,
-                answer(
-                    id,
-                    AckOutcome::NotOwned,
-                    "this delivery was not sent to a session of this client",
-                ),
-            );
-            return;
+            return Some((
+                AckOutcome::NotOwned,
+                "this delivery was not sent to a session of this client".into(),
+            ));
         }
         match (op, delivery.state) {
             (
                 _,
                 DeliveryState::Writing | DeliveryState::Covering | DeliveryState::DeadLettering,
-            ) => {
-                self.outbox.add(
-                    reply_to,
-                    answer(
-                        id,
-                        AckOutcome::AlreadySettled,
-                        "already ACKed (or dead-lettered); settling",
-                    ),
-                );
-            }
+            ) => Some((
+                AckOutcome::AlreadySettled,
+                "already ACKed (or dead-lettered); settling".into(),
+            )),
             (SettleOp::Ack, state) => {
                 self.tallies.acked.add();
                 delivery.waiters.push(reply_to.clone());
@@ -846,19 +843,18 @@ impl Group {
                 self.free_slot(state);
                 self.settle(id.seq);
                 self.pump();
+                None
             }
             (SettleOp::Nack(delay), _) => {
                 self.tallies.nacked.add(&delivery.partition);
                 self.retry(id.seq, Retry::After(delay), "NACKed");
-                self.outbox
-                    .add(reply_to, answer(id, AckOutcome::Nacked, &capped));
                 self.pump();
+                Some((AckOutcome::Nacked, capped.into()))
             }
             (SettleOp::Extend(extra), DeliveryState::Sent { .. }) => {
                 let deadline = Instant::now() + extra;
                 set_timer(&mut self.timers, delivery, id.seq, deadline);
-                self.outbox
-                    .add(reply_to, answer(id, AckOutcome::Extended, &capped));
+                Some((AckOutcome::Extended, capped.into()))
             }
             (SettleOp::Extend(extra), _) => {
                 // Not written yet (or waiting for a retry): the clock starts later; remember.
@@ -869,8 +865,7 @@ impl Group {
                     .copied()
                     .collect::<Vec<_>>()
                     .join("; ");
-                self.outbox
-                    .add(reply_to, answer(id, AckOutcome::Extended, &detail));
+                Some((AckOutcome::Extended, detail.into()))
             }
         }
     }
