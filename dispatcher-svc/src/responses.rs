@@ -1,8 +1,9 @@
 //! A Subscribe session's response stream.
 //!
 //! The stream opens with the session's `Opened`; then the session task hands the group's
-//! [`Outbound`] messages to a bounded channel and [`Responses`] turns them into messages (an
-//! `End` status ends the stream, after what came before it). A delivery's message is written
+//! [`Outbound`] messages to two bounded channels — answers, and deliveries with the `End` —
+//! and [`Responses`] turns them into messages, answers first (an `End` status ends the stream,
+//! after what came before it). A delivery's message is written
 //! here, straight from its frame into the session's reused buffer ([`crate::wire`]), on the
 //! session's task, so that work is spread over the cores rather than done by the group's one
 //! actor. Each time the transport asks for the next message it takes what is ready — never
@@ -13,8 +14,8 @@
 //! as far as it fits, and the rest is carried, in order, ahead of everything queued after it.
 //! A delivery's ACK clock starts when it is taken into a message, and its group is told so.
 //!
-//! The channel is bounded and the transport takes a message only when the client reads, so a
-//! client that does not read stops its session task, which bounds what it can make us queue.
+//! The channels are bounded and the transport takes a message only when the client reads, so
+//! a client that does not read stops its session task, which bounds what it can make us queue.
 
 use std::pin::Pin;
 use std::sync::Arc;
