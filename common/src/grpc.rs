@@ -112,7 +112,16 @@ pub fn internal_channel(
     uri: &str,
     call_timeout: Duration,
 ) -> Result<InternalChannel, tonic::transport::Error> {
-    let channel = Endpoint::from_shared(uri.to_owned())?
+    Ok(traced(internal_endpoint(uri, call_timeout)?.connect_lazy()))
+}
+
+/// What [`internal_channel`] connects to, not yet connected: a channel's tasks run on the
+/// runtime that calls `connect_lazy`, so a component with a runtime of its own connects there.
+pub fn internal_endpoint(
+    uri: &str,
+    call_timeout: Duration,
+) -> Result<Endpoint, tonic::transport::Error> {
+    Ok(Endpoint::from_shared(uri.to_owned())?
         .tcp_nodelay(true)
         .initial_stream_window_size(HTTP2_STREAM_WINDOW)
         .initial_connection_window_size(HTTP2_CONNECTION_WINDOW)
@@ -120,9 +129,7 @@ pub fn internal_channel(
         .keep_alive_timeout(KEEPALIVE_TIMEOUT)
         .keep_alive_while_idle(true)
         .connect_timeout(call_timeout)
-        .timeout(call_timeout)
-        .connect_lazy();
-    Ok(traced(channel))
+        .timeout(call_timeout))
 }
 
 /// `channel` with the caller's trace context on every call (what [`internal_channel`] makes).

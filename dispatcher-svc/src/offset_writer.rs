@@ -12,6 +12,13 @@
 //! off) and retries the merged batch with backoff until offset-svc answers. Nothing is
 //! dropped: a job leaves only as durable.
 //!
+//! The writer runs on a thread of its own, with its own single-threaded runtime and its own
+//! connection to offset-svc: every ACK waits for a write, and on the shared runtime each step
+//! of a write (the writer's task, the channel's task, the HTTP/2 connection's task) waited
+//! behind the sessions' and groups' work queued there — at half the maximum load a write's round trip
+//! took 1.6 ms (p50) for a 60 µs store. On its own thread the steps wait only for the OS
+//! to give the thread a core.
+//!
 //! A write covering traced deliveries runs inside a `commit <topic>` span linked to each of
 //! them (one write settles many events: it is no one event's child); its context goes to
 //! offset-svc with the call.
@@ -19,7 +26,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use eventmesh_common::grpc::InternalChannel;
+use eventmesh_common::grpc::{InternalChannel, traced};
 use eventmesh_common::keys::OffsetKey;
 use eventmesh_common::shutdown::CancellationToken;
 use eventmesh_common::trace_context::{Operation, SpanContext, links_span};
@@ -27,6 +34,7 @@ use eventmesh_proto::offset::offset_service_client::OffsetServiceClient;
 use eventmesh_proto::offset::{OffsetEntry, WriteOffsetsRequest};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
+use tonic::transport::Endpoint;
 use tracing::Instrument as _;
 
 use crate::batching::{Backoff, gather};
@@ -69,30 +77,40 @@ pub struct OffsetWriter {
 }
 
 impl OffsetWriter {
-    /// Starts the writer. It runs until every handle is dropped and its queue is durable, or
-    /// until `shutdown` while offset-svc is failing (what is then left was never durable and is
-    /// pulled again after a restart).
+    /// Starts the writer on a thread of its own, connecting to offset-svc at `offset_svc`
+    /// from there. It runs until every handle is dropped and its queue is durable, or until
+    /// `shutdown` while offset-svc is failing (what is then left was never durable and is
+    /// pulled again after a restart). The handle returned ends when the writer has.
     pub fn spawn(
-        channel: InternalChannel,
+        offset_svc: Endpoint,
         window: Duration,
         sync: bool,
         shutdown: CancellationToken,
-    ) -> (OffsetWriter, JoinHandle<()>) {
+    ) -> std::io::Result<(OffsetWriter, JoinHandle<()>)> {
         // Exported from the start, at zero: an alert on their rate needs the series to exist
         // before the first failure.
         metrics::counter!("dispatcher_offset_write_failures_total").increment(0);
         metrics::gauge!("dispatcher_offset_writes_pending").set(0.0);
         let (jobs, rx) = mpsc::unbounded_channel();
         let (health_tx, healthy) = watch::channel(true);
-        let task = tokio::spawn(run(
-            OffsetServiceClient::new(channel),
-            rx,
-            window,
-            sync,
-            health_tx,
-            shutdown,
-        ));
-        (OffsetWriter { jobs, healthy }, task)
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        let (ended, writer_ended) = tokio::sync::oneshot::channel::<()>();
+        std::thread::Builder::new()
+            .name("offset-writer".into())
+            .spawn(move || {
+                runtime.block_on(async move {
+                    // Connected here, so the channel's tasks run on this thread's runtime.
+                    let client = OffsetServiceClient::new(traced(offset_svc.connect_lazy()));
+                    run(client, rx, window, sync, health_tx, shutdown).await;
+                });
+                drop(ended);
+            })?;
+        let task = tokio::spawn(async move {
+            let _ = writer_ended.await;
+        });
+        Ok((OffsetWriter { jobs, healthy }, task))
     }
 
     /// Queues a job. A job submitted after the writer stopped is told nothing (the instance is
@@ -253,5 +271,66 @@ fn merged(queue: &[Queued], sync: bool) -> WriteOffsetsRequest {
             })
             .collect(),
         sync,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use eventmesh_common::keys::{GroupName, OffsetClient, PartitionId, Topic};
+
+    use super::*;
+
+    /// A write completes while the only thread of the runtime that started the writer is
+    /// blocked: the writer and its connection to offset-svc run on a thread of their own (on
+    /// the starting runtime the write could not even be sent).
+    #[test]
+    fn a_write_completes_while_the_runtime_that_started_the_writer_is_blocked() {
+        let server_runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let config = offset_svc::config::Config {
+            listen: std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
+            store: offset_svc::config::StoreKind::Memory,
+            ..offset_svc::config::Config::default()
+        };
+        let server = server_runtime
+            .block_on(offset_svc::server::start(config, CancellationToken::new()))
+            .unwrap();
+        let uri = format!("http://{}", server.local_addr());
+
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let _inside = runtime.enter();
+        let endpoint =
+            eventmesh_common::grpc::internal_endpoint(&uri, Duration::from_secs(5)).unwrap();
+        let (writer, _task) =
+            OffsetWriter::spawn(endpoint, Duration::ZERO, false, CancellationToken::new()).unwrap();
+        let (told, notices) = std::sync::mpsc::channel();
+        writer.submit(WriteJob {
+            entries: vec![(
+                OffsetKey::new(
+                    Topic::new("orders").unwrap(),
+                    OffsetClient::MqCursor(Some(GroupName::new("billing").unwrap())),
+                    PartitionId::number(0),
+                ),
+                7,
+            )],
+            links: Vec::new(),
+            settles: 1,
+            listener: Arc::new(move |notice| {
+                let _ = told.send(notice);
+            }),
+        });
+        // This thread, the starting runtime's only one, now blocks until the writer answers.
+        assert_eq!(
+            notices.recv_timeout(Duration::from_secs(10)).unwrap(),
+            WriteNotice::Durable
+        );
     }
 }

@@ -111,12 +111,21 @@ pub async fn start(
     let offsets = lazy_channel("offset_svc", &config.offset_svc, call_timeout)?;
     let window = Duration::from_millis(config.delivery.ack_flush_ms);
     let workers = CancellationToken::new();
+    let writer_endpoint =
+        grpc::internal_endpoint(&config.offset_svc, call_timeout).map_err(|source| {
+            ServerError::Endpoint {
+                name: "offset_svc",
+                value: config.offset_svc.clone(),
+                source,
+            }
+        })?;
     let (writer, writer_task) = OffsetWriter::spawn(
-        offsets.clone(),
+        writer_endpoint,
         window,
         config.delivery.sync_offsets,
         workers.clone(),
-    );
+    )
+    .map_err(|err| ServerError::Task(format!("starting the offset writer: {err}")))?;
     let (broker_acks, acker_task) = BrokerAcker::spawn(puller.clone(), window, workers.clone());
     let instance_id = if config.instance_id.is_empty() {
         format!("dispatcher-{:08x}", rand::random::<u32>())

@@ -1290,18 +1290,19 @@ mod tests {
     use eventmesh_proto::client as pb;
     use eventmesh_proto::puller::{PartitionRange, PulledRecord};
 
-    /// A channel to a loopback port nothing listens on: every call fails (and is retried).
-    fn nowhere() -> eventmesh_common::grpc::InternalChannel {
+    /// A loopback port nothing listens on: every call to it fails (and is retried).
+    fn nowhere_uri() -> String {
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .unwrap()
             .local_addr()
             .unwrap()
             .port();
-        eventmesh_common::grpc::internal_channel(
-            &format!("http://127.0.0.1:{port}"),
-            Duration::from_secs(5),
-        )
-        .unwrap()
+        format!("http://127.0.0.1:{port}")
+    }
+
+    /// A channel to [`nowhere_uri`].
+    fn nowhere() -> eventmesh_common::grpc::InternalChannel {
+        eventmesh_common::grpc::internal_channel(&nowhere_uri(), Duration::from_secs(5)).unwrap()
     }
 
     fn batch(offset: i64) -> PullResponse {
@@ -1443,8 +1444,14 @@ mod tests {
 
     fn test_group(settings: DeliverySettings) -> TestGroup {
         let shutdown = CancellationToken::new();
-        let (writer, _writer_task) =
-            OffsetWriter::spawn(nowhere(), Duration::from_millis(1), false, shutdown.clone());
+        let (writer, _writer_task) = OffsetWriter::spawn(
+            eventmesh_common::grpc::internal_endpoint(&nowhere_uri(), Duration::from_secs(5))
+                .unwrap(),
+            Duration::from_millis(1),
+            false,
+            shutdown.clone(),
+        )
+        .unwrap();
         let (broker_acks, _acker_task) =
             BrokerAcker::spawn(nowhere(), Duration::from_millis(1), shutdown.clone());
         let shared = Shared::new(SharedParts {
