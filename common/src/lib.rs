@@ -16,6 +16,7 @@
 //! * [`grpc_metrics`] — the tower layer that counts and times every gRPC call a service serves.
 //! * [`shutdown`] — the signal-driven cancellation token.
 //! * [`alloc`] — the services' global allocator (counting, with feature `count-allocations`).
+//! * [`probe`] — latency probes of an ACK's stages (feature `latency-probes`, benchmarks only).
 //!
 //! Code lands here only when two services really share it.
 
@@ -29,6 +30,7 @@ pub mod grpc;
 pub mod grpc_metrics;
 pub mod keys;
 pub mod metrics;
+pub mod probe;
 pub mod shutdown;
 pub mod status;
 pub mod telemetry;

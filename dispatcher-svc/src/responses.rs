@@ -23,6 +23,7 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use eventmesh_common::keys::Topic;
+use eventmesh_common::probe::{self, Stage};
 use eventmesh_proto::client as pb;
 use eventmesh_proto::client::{SubscribeResponse, subscribe_response};
 use eventmesh_proto::encoded::SubscribeResponseBytes;
@@ -32,7 +33,7 @@ use tokio::sync::mpsc;
 use tonic::Status;
 
 use crate::cluster::meter::Meter;
-use crate::group::{GroupCmd, Outbound, ack_deadline_unix_ms};
+use crate::group::{AnsweredId, GroupCmd, Outbound, ack_deadline_unix_ms};
 use crate::wire::{AnswerMessage, DeliveryMessage, ResponseBuilder};
 
 /// Most items in one batched message.
@@ -226,6 +227,9 @@ impl<'a> Taker<'a> {
                         break;
                     }
                     self.builder.result(&message);
+                    if let AnsweredId::Issued(id) = &answer.delivery_id {
+                        probe::mark(Stage::AnswerSent, id.seq);
+                    }
                     answers.pop_front();
                 }
                 if !answers.is_empty() {

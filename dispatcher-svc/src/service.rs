@@ -19,6 +19,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use eventmesh_common::grpc::InternalChannel;
 use eventmesh_common::keys::{ClientId, GroupName, Topic};
+use eventmesh_common::probe::{self, Stage};
 use eventmesh_common::shutdown::CancellationToken;
 use eventmesh_common::status::FieldError;
 use eventmesh_common::trace_context::{self, Operation, TRACEPARENT, entry_span};
@@ -693,6 +694,7 @@ impl SessionTask {
                 self.unknown(raw_id, "malformed delivery id");
                 continue;
             };
+            probe::mark(Stage::AckRead, id.seq);
             if id.epoch != self.shared.epoch {
                 self.unknown(raw_id, "not issued by this instance since its last start");
                 continue;

@@ -46,6 +46,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use eventmesh_common::keys::{ClientId, OffsetClient, OffsetKey, PartitionId};
+use eventmesh_common::probe::{self, Stage};
 use eventmesh_common::trace_context::{Operation, SpanContext};
 use eventmesh_proto::DRAINING_METADATA;
 use eventmesh_proto::client::AckOutcome;
@@ -835,6 +836,7 @@ impl Group {
                 delivery.state = DeliveryState::Writing;
                 // The wake-up's clock: commands of one wake-up are handled within microseconds.
                 delivery.acked_at = Some(self.woke_at);
+                probe::mark(Stage::GroupTook, id.seq);
                 if let Some(trace) = &delivery.trace {
                     delivery.record_hop(Operation::ACK, &self.key, client);
                     self.settled.link(trace.span_context());
@@ -981,6 +983,9 @@ impl Group {
     /// Hands what the settled deliveries need durable to the writer as one job.
     fn flush_settled(&mut self) {
         if let Some(job) = self.settled.take() {
+            for &seq in &job.tokens {
+                probe::mark(Stage::WriteQueued, seq);
+            }
             self.submit(job.tokens, job.entries, job.cursors, job.links);
         }
     }
@@ -1000,6 +1005,11 @@ impl Group {
             links,
             settles: tokens.len(),
             listener: Arc::new(move |notice| {
+                if notice == WriteNotice::Durable {
+                    for &seq in &tokens {
+                        probe::mark(Stage::WriteDurable, seq);
+                    }
+                }
                 // Durable progress is what the mirror carries to a group's next home; told
                 // here, in the writer, so a group's last flush is mirrored after it ended.
                 if let (Some(cluster), WriteNotice::Durable) = (&mirror, notice) {
@@ -1138,6 +1148,7 @@ impl Group {
             self.ack_latency
                 .observe(self.woke_at.saturating_duration_since(acked_at));
         }
+        probe::mark(Stage::GroupAnswered, seq);
         for waiter in &delivery.waiters {
             self.outbox
                 .add(waiter, answer(delivery.id, AckOutcome::Durable, ""));

@@ -11,6 +11,8 @@
 //!    CPU seconds of each process over the phase;
 //! 4. **half load**: a fresh topic and group, published at half the full-load rate while the S
 //!    sessions consume live; ACK → DURABLE latency at that steady load.
+//!    (`--half-load-share` sets another share.) With `EM_PROBE_DIR` set and services built with
+//!    the feature `latency-probes`, each stage's share of that time too (`stages.rs`).
 //!
 //! Resident memory (VmRSS) of each service is read after the full load. Once per run, after
 //! the rows, the **idle first event** probe publishes single events to a topic one subscriber
@@ -33,6 +35,7 @@ use eventmesh_client::{
 use eventmesh_proto::puller as puller_pb;
 
 use crate::backend::BackendArgs;
+use crate::stages::{self, ClientMark};
 use eventmesh_proto::puller::puller_service_client::PullerServiceClient;
 
 #[derive(Debug, Args)]
@@ -60,6 +63,9 @@ pub struct BenchArgs {
     /// Skip the half-load latency runs.
     #[arg(long)]
     no_half_load: bool,
+    /// The "half" load's share of the measured full-load rate (0.5: half).
+    #[arg(long, default_value_t = 0.5)]
+    half_load_share: f64,
     /// Record a `perf` profile of each service during the first full-load run into the data
     /// directory (kept).
     #[arg(long)]
@@ -97,6 +103,10 @@ pub struct Row {
     pub half_rate_per_sec: f64,
     pub half_ack_p50_ms: f64,
     pub half_ack_p99_ms: f64,
+    /// Where the half load's ACK → DURABLE time went, stage by stage (only with
+    /// `EM_PROBE_DIR` set and services built with `latency-probes`: see `stages.rs`).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub half_ack_stages: Vec<stages::StageLatency>,
     /// CPU cores used during the full-load phase: dispatcher, puller, offset-svc, this client.
     pub cpu_dispatcher: f64,
     pub cpu_puller: f64,
@@ -159,6 +169,8 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     // reports heap allocations there.
     config.metrics_listen[Service::Dispatcher.index()] = free_loopback_addr()?;
     let config = args.backend.apply(config)?;
+    // A service opens its marks file at its first mark, so the directory comes first.
+    stages::probe_dir()?;
     let mut instance = LocalInstance::start(config).await?;
     let outcome = bench_all(&args, &mut instance, &run_tag).await;
     instance.stop(Duration::from_secs(15)).await;
@@ -257,6 +269,17 @@ async fn bench_rows(
                     row.group_us_per_event
                         .map_or_else(|| "-".to_owned(), |us| format!("{us:.2}"))
                 );
+                for stage in &row.half_ack_stages {
+                    println!(
+                        "    half-load ACK stage {:>15} → {:<15} p50 {:>6.2} ms, p90 {:>6.2} ms, p99 {:>6.2} ms ({} samples)",
+                        stage.from,
+                        stage.to,
+                        stage.p50_ms,
+                        stage.p90_ms,
+                        stage.p99_ms,
+                        stage.samples
+                    );
+                }
             }
         }
     }
@@ -292,14 +315,17 @@ async fn bench_one(
     let cpu_before = cpu_seconds(instance);
     let group = format!("full-{size}-{streams}");
     let started = Instant::now();
-    let latencies = consume(
+    let (latencies, _) = consume(
         client,
         &topic,
         &group,
         streams,
         args.max_in_flight,
         events,
-        FULL_LOAD_SAMPLE_EVERY,
+        Sampling {
+            every: FULL_LOAD_SAMPLE_EVERY,
+            marking: false,
+        },
     )
     .await?;
     let elapsed = started.elapsed().as_secs_f64();
@@ -328,39 +354,18 @@ async fn bench_one(
     let (full_ack_p50_ms, full_ack_p99_ms) = percentiles(latencies);
 
     // 4. Half load.
-    let (half_rate_per_sec, half_ack_p50_ms, half_ack_p99_ms) = if args.no_half_load {
-        (0.0, 0.0, 0.0)
+    let half = if args.no_half_load {
+        HalfLoad::default()
     } else {
-        let topic = format!("bench-half-{run_tag}-{size}-{streams}");
-        let rate = e2e_per_sec / 2.0;
-        let half_events = (events / 2).max(1);
-        // Create the topic so the group can start before the first publish.
-        publish(client, &topic, size, 1, None).await?;
-        let consumer = {
-            let client = client.clone();
-            let topic = topic.clone();
-            let group = format!("half-{size}-{streams}");
-            let max_in_flight = args.max_in_flight;
-            tokio::spawn(async move {
-                consume(
-                    &client,
-                    &topic,
-                    &group,
-                    streams,
-                    max_in_flight,
-                    half_events + 1,
-                    1,
-                )
-                .await
-            })
-        };
-        tokio::time::sleep(Duration::from_millis(500)).await;
-        let started = Instant::now();
-        publish(client, &topic, size, half_events, Some(rate)).await?;
-        let achieved = half_events as f64 / started.elapsed().as_secs_f64();
-        let latencies = consumer.await.context("half-load consumer")??;
-        let (p50, p99) = percentiles(latencies);
-        (achieved, p50, p99)
+        half_load(
+            args,
+            client,
+            run_tag,
+            size,
+            streams,
+            e2e_per_sec * args.half_load_share,
+        )
+        .await?
     };
 
     Ok(Row {
@@ -374,9 +379,10 @@ async fn bench_one(
         ratio: e2e_per_sec / raw_pull_per_sec,
         full_ack_p50_ms,
         full_ack_p99_ms,
-        half_rate_per_sec,
-        half_ack_p50_ms,
-        half_ack_p99_ms,
+        half_rate_per_sec: half.rate_per_sec,
+        half_ack_p50_ms: half.ack_p50_ms,
+        half_ack_p99_ms: half.ack_p99_ms,
+        half_ack_stages: half.ack_stages,
         cpu_dispatcher: cores(0),
         cpu_puller: cores(1),
         cpu_offset: cores(2),
@@ -391,6 +397,69 @@ async fn bench_one(
         group_ceiling_per_sec: group_busiest_secs
             .filter(|busy| *busy > 0.0)
             .map(|busy| events as f64 / busy),
+    })
+}
+
+/// What the half load measured.
+#[derive(Debug, Default)]
+struct HalfLoad {
+    rate_per_sec: f64,
+    ack_p50_ms: f64,
+    ack_p99_ms: f64,
+    ack_stages: Vec<stages::StageLatency>,
+}
+
+/// The half load: a fresh topic and group, half of `events` published at `rate` while the
+/// `streams` sessions consume live; ACK → DURABLE of every delivery, and each stage's share
+/// when probing (`EM_PROBE_DIR`).
+async fn half_load(
+    args: &BenchArgs,
+    client: &Client,
+    run_tag: &str,
+    size: usize,
+    streams: usize,
+    rate: f64,
+) -> anyhow::Result<HalfLoad> {
+    let probes = stages::probe_dir()?;
+    let topic = format!("bench-half-{run_tag}-{size}-{streams}");
+    let half_events = (args.events / 2).max(1);
+    // Create the topic so the group can start before the first publish.
+    publish(client, &topic, size, 1, None).await?;
+    let consumer = {
+        let client = client.clone();
+        let topic = topic.clone();
+        let group = format!("half-{size}-{streams}");
+        let max_in_flight = args.max_in_flight;
+        let marking = probes.is_some();
+        tokio::spawn(async move {
+            consume(
+                &client,
+                &topic,
+                &group,
+                streams,
+                max_in_flight,
+                half_events + 1,
+                Sampling { every: 1, marking },
+            )
+            .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let window_start = stages::now_ns();
+    let started = Instant::now();
+    publish(client, &topic, size, half_events, Some(rate)).await?;
+    let rate_per_sec = half_events as f64 / started.elapsed().as_secs_f64();
+    let (latencies, marks) = consumer.await.context("half-load consumer")??;
+    let (ack_p50_ms, ack_p99_ms) = percentiles(latencies);
+    let ack_stages = match &probes {
+        Some(dir) => stages::breakdown(dir, (window_start, stages::now_ns()), &marks)?,
+        None => Vec::new(),
+    };
+    Ok(HalfLoad {
+        rate_per_sec,
+        ack_p50_ms,
+        ack_p99_ms,
+        ack_stages,
     })
 }
 
@@ -531,9 +600,18 @@ async fn raw_pull(instance: &LocalInstance, topic: &str, events: u64) -> anyhow:
 /// (JetStream's side times as many); every ACK is still counted until it is DURABLE.
 const FULL_LOAD_SAMPLE_EVERY: u64 = 64;
 
+/// Which ACKs a consumer times.
+#[derive(Debug, Clone, Copy)]
+struct Sampling {
+    /// Every `every`th delivery of each stream: ACK → DURABLE in microseconds.
+    every: u64,
+    /// Also mark the deliveries the services mark (`stages.rs`): ACK and answer, wall clock.
+    marking: bool,
+}
+
 /// Consumes `events` deliveries over `streams` sessions of `group`, ACKing each at once, until
 /// `events` ACKs are answered DURABLE; returns the ACK → DURABLE latencies in microseconds of
-/// every `sample_every`th delivery of each stream.
+/// the sampled deliveries, and the client's marks when marking.
 async fn consume(
     client: &Client,
     topic: &str,
@@ -541,8 +619,8 @@ async fn consume(
     streams: usize,
     max_in_flight: u32,
     events: u64,
-    sample_every: u64,
-) -> anyhow::Result<Vec<u32>> {
+    sampling: Sampling,
+) -> anyhow::Result<(Vec<u32>, Vec<ClientMark>)> {
     let durable = Arc::new(AtomicU64::new(0));
     let mut tasks = Vec::new();
     for _ in 0..streams {
@@ -558,28 +636,34 @@ async fn consume(
             subscription,
             Arc::clone(&durable),
             events,
-            sample_every,
+            sampling,
         )));
     }
     let mut latencies = Vec::with_capacity(events as usize);
+    let mut marks = Vec::new();
     for task in tasks {
-        latencies.extend(task.await.context("stream worker")??);
+        let (stream_latencies, stream_marks) = task.await.context("stream worker")??;
+        latencies.extend(stream_latencies);
+        marks.extend(stream_marks);
     }
-    Ok(latencies)
+    Ok((latencies, marks))
 }
 
 /// One session: ACKs every delivery at once and counts DURABLE answers (a delivery id is
-/// answered DURABLE once; a second ACK of it is ALREADY_SETTLED), timing every
-/// `sample_every`th.
+/// answered DURABLE once; a second ACK of it is ALREADY_SETTLED), timing the sampled ones and
+/// marking those the services mark when `sampling.marking`.
 async fn stream_worker(
     mut subscription: Subscription,
     durable: Arc<AtomicU64>,
     events: u64,
-    sample_every: u64,
-) -> anyhow::Result<Vec<u32>> {
+    sampling: Sampling,
+) -> anyhow::Result<(Vec<u32>, Vec<ClientMark>)> {
     let mut results = subscription.ack_results();
     let mut sampled: HashMap<String, Instant> = HashMap::new();
     let mut latencies = Vec::new();
+    // Delivery id → (sequence number, when ACKed), for the deliveries the services mark.
+    let mut marked: HashMap<String, (u64, u128)> = HashMap::new();
+    let mut marks = Vec::new();
     let mut delivered = 0u64;
     let deadline = Instant::now() + Duration::from_secs(600);
     // Wakes the loop to see the other streams' progress and the deadline.
@@ -592,13 +676,19 @@ async fn stream_worker(
                     if let Some(at) = sampled.remove(&result.delivery_id) {
                         latencies.push(u32::try_from(at.elapsed().as_micros()).unwrap_or(u32::MAX));
                     }
+                    if let Some((seq, acked_ns)) = marked.remove(&result.delivery_id) {
+                        marks.push(ClientMark { seq, acked_ns, answered_ns: stages::now_ns() });
+                    }
                     durable.fetch_add(1, Ordering::Relaxed);
                 }
             }
             Some(delivery) = subscription.next() => {
                 let delivery = delivery?;
-                if delivered.is_multiple_of(sample_every) {
+                if delivered.is_multiple_of(sampling.every) {
                     sampled.insert(delivery.id.clone(), Instant::now());
+                }
+                if sampling.marking && let Some(seq) = stages::sampled_seq(&delivery.id) {
+                    marked.insert(delivery.id.clone(), (seq, stages::now_ns()));
                 }
                 delivered += 1;
                 delivery.ack();
@@ -611,7 +701,7 @@ async fn stream_worker(
         }
     }
     subscription.close().await;
-    Ok(latencies)
+    Ok((latencies, marks))
 }
 
 fn percentiles(mut micros: Vec<u32>) -> (f64, f64) {

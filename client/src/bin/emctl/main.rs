@@ -8,6 +8,7 @@ mod demo;
 mod offsets;
 mod pubsub;
 mod rocketmq_check;
+mod stages;
 mod top;
 mod up;
 
