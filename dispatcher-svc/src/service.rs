@@ -563,6 +563,10 @@ impl SessionTask {
     ) {
         let mut drain_until = None;
         let mut drained_shards = 0;
+        // What the groups sent that waits for room in the response stream's queue. While it
+        // waits the client's requests are still read (its ACKs settle and get answered
+        // meanwhile); nothing more is taken from the groups.
+        let mut staged: Option<Outbound> = None;
         loop {
             // In this order: a stop; then ACK answers, into the stream's answers queue, which
             // it sends ahead of the deliveries waiting in its other queue or here (up to the
@@ -600,7 +604,17 @@ impl SessionTask {
                         return;
                     }
                 },
-                outbound = out_rx.recv() => {
+                permit = self.responses.reserve(), if staged.is_some() => {
+                    // Waits while the client does not read: then its messages are read only as
+                    // far as their answers fit, which bounds what it can make us queue.
+                    let (Ok(permit), Some(outbound)) = (permit, staged.take()) else { return };
+                    let ends = matches!(outbound, Outbound::End(_));
+                    permit.send(outbound);
+                    if ends {
+                        return;
+                    }
+                }
+                outbound = out_rx.recv(), if staged.is_none() => {
                     let Some(outbound) = outbound else { return };
                     // A drained shard has nothing of this session left unsettled; the session
                     // moves once every shard of its group is drained (the others may still
@@ -623,11 +637,7 @@ impl SessionTask {
                             }
                         }
                     }
-                    // Waits while the client does not read: then its messages are not read
-                    // either, which bounds what it can make us queue.
-                    if self.responses.send(outbound).await.is_err() || ends {
-                        return;
-                    }
+                    staged = Some(outbound);
                 }
             }
         }

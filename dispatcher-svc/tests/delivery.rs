@@ -406,13 +406,7 @@ async fn an_acks_answer_overtakes_the_deliveries_queued_for_a_slow_reader() {
     for chunk in 0..(EVENTS / 500) {
         let entries = (0..500)
             .map(|n| pb::PublishEntry {
-                event: Some(pb::Event {
-                    id: format!("bulky-{chunk}-{n}"),
-                    source: "/test".into(),
-                    r#type: "test".into(),
-                    data: payload.clone(),
-                    ..pb::Event::default()
-                }),
+                event: Some(bulky_event(format!("bulky-{chunk}-{n}"), &payload)),
                 key: String::new(),
             })
             .collect();
@@ -678,4 +672,61 @@ async fn a_group_without_sessions_dead_letters_its_delivered_events_after_the_gr
     assert_eq!(letter.offset, delivered[1].offset);
     assert!(letter.reason.contains("grace period"), "{}", letter.reason);
     wait_for(|| async { instance.shared.group_count() == 0 }).await;
+}
+
+/// A client that stops reading while many small runs of deliveries queue for it (more runs
+/// than the session's response queue holds, more bytes than the stream's HTTP/2 window) still
+/// has its ACKs taken: the delivery it ACKed becomes durable before it reads anything more.
+/// The session used to wait for room in that queue without reading the client's messages, so
+/// the ACK waited until the client read on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_stops_reading_still_has_its_acks_taken() {
+    const RUNS: usize = 150;
+    let instance = Instance::start(fast_settings()).await;
+    instance.create_topic("stalled", 1).await;
+    let mut client = instance.client().await;
+    let mut open = open("reader", "stalled", "g", LB);
+    open.max_in_flight = 1_000;
+    let mut session = subscribe(instance.dispatcher_addr(), open).await;
+    let payload = Bytes::from(vec![b'x'; 64 * 1024]);
+    let publish_one = |n: usize| pb::PublishRequest {
+        topic: "stalled".into(),
+        event: Some(bulky_event(format!("stalled-{n}"), &payload)),
+        key: String::new(),
+    };
+    client.publish(publish_one(0)).await.unwrap();
+    let first = session.deliveries(1, WAIT).await;
+    assert_eq!(first.len(), 1);
+    // One event at a time, so the group hands each out in a run of its own.
+    for n in 1..=RUNS {
+        client.publish(publish_one(n)).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    session.ack(&[first[0].delivery_id.as_str()]).await;
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let stored = instance.stored("stalled", "__mqcursor@g__").await;
+        if stored.get("0").is_some_and(|&at| at >= first[0].offset) {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the ACK of a client that stopped reading was not taken: {stored:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let rest = session.deliveries(RUNS, WAIT).await;
+    assert_eq!(rest.len(), RUNS, "every delivery still comes");
+}
+
+/// An event of `id` carrying `payload`.
+fn bulky_event(id: String, payload: &Bytes) -> pb::Event {
+    pb::Event {
+        id,
+        source: "/test".into(),
+        r#type: "test".into(),
+        data: payload.clone(),
+        ..pb::Event::default()
+    }
 }
