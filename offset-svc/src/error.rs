@@ -24,6 +24,13 @@ pub enum Error {
     /// A write did not become durable; nothing of it was applied.
     #[error("offset store write failed: {0}")]
     Write(#[source] rocksdb::Error),
+    /// The write would have waited for the store to catch up (RocksDB's write stall); nothing
+    /// of it was applied. Only [`OffsetStore::write_batch_without_waiting`] meets it, and
+    /// writes the usual way instead.
+    ///
+    /// [`OffsetStore::write_batch_without_waiting`]: crate::store::OffsetStore::write_batch_without_waiting
+    #[error("the offset store would stall this write")]
+    WouldStall,
     /// Flushing to disk failed.
     #[error("offset store flush failed: {0}")]
     Flush(#[source] rocksdb::Error),
@@ -81,7 +88,8 @@ impl ClassifiedError for Error {
             | Error::Flush(_)
             | Error::Read(_)
             | Error::Open { .. }
-            | Error::DataDir { .. } => ErrorClass::Unavailable,
+            | Error::DataDir { .. }
+            | Error::WouldStall => ErrorClass::Unavailable,
             Error::CorruptValue { .. }
             | Error::CorruptKey(_)
             | Error::Task(_)

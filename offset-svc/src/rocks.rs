@@ -151,17 +151,23 @@ impl TableStore<RocksDb> {
 
 impl Persistence for RocksDb {
     fn persist(&self, changes: &[Change<'_>], sync: bool) -> Result<(), Error> {
-        let mut batch = WriteBatch::default();
-        for change in changes {
-            match change {
-                Change::Max(key, value) => batch.merge(key.as_bytes(), encode_value(*value)),
-                Change::Set(key, value) => batch.put(key.as_bytes(), encode_value(*value)),
-                Change::Delete(key) => batch.delete(key.as_bytes()),
-            }
-        }
         let mut options = WriteOptions::default();
         options.set_sync(sync);
-        self.db.write_opt(batch, &options).map_err(Error::Write)
+        self.db
+            .write_opt(write_batch(changes), &options)
+            .map_err(Error::Write)
+    }
+
+    fn persist_without_stalling(&self, changes: &[Change<'_>]) -> Result<(), Error> {
+        let mut options = WriteOptions::default();
+        // Fails at once with `Incomplete` where it would wait for compaction or a flush.
+        options.set_no_slowdown(true);
+        self.db
+            .write_opt(write_batch(changes), &options)
+            .map_err(|err| match err.kind() {
+                rocksdb::ErrorKind::Incomplete => Error::WouldStall,
+                _ => Error::Write(err),
+            })
     }
 
     fn flush(&self) -> Result<(), Error> {
@@ -172,6 +178,19 @@ impl Persistence for RocksDb {
         self.db.flush_wal(true).map_err(Error::Flush)?;
         self.db.flush().map_err(Error::Flush)
     }
+}
+
+/// `changes` as one RocksDB write batch.
+fn write_batch(changes: &[Change<'_>]) -> WriteBatch {
+    let mut batch = WriteBatch::default();
+    for change in changes {
+        match change {
+            Change::Max(key, value) => batch.merge(key.as_bytes(), encode_value(*value)),
+            Change::Set(key, value) => batch.put(key.as_bytes(), encode_value(*value)),
+            Change::Delete(key) => batch.delete(key.as_bytes()),
+        }
+    }
+    batch
 }
 
 #[cfg(test)]
@@ -193,5 +212,24 @@ mod tests {
                 .contains("unknown value version 9")
         );
         assert!(decode_value(b"4x2").is_err());
+    }
+
+    /// The write without waiting (RocksDB's `no_slowdown`) is a real, persisted write.
+    #[test]
+    #[allow(clippy::unwrap_used)]
+    fn a_write_without_waiting_is_persisted() {
+        use crate::store::OffsetStore;
+        let dir = tempfile::tempdir().unwrap();
+        let key: eventmesh_common::keys::OffsetKey = "t#__mqcursor__#0".parse().unwrap();
+        {
+            let store = RocksDbOffsetStore::open(dir.path()).unwrap();
+            let outcomes = store
+                .write_batch_without_waiting(&[(key.clone(), 9)])
+                .expect("an idle database does not stall")
+                .unwrap();
+            assert!(outcomes[0].advanced);
+        }
+        let reopened = RocksDbOffsetStore::open(dir.path()).unwrap();
+        assert_eq!(reopened.read_offset(&key).unwrap(), 9);
     }
 }
