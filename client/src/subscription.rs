@@ -655,8 +655,10 @@ impl SessionTask {
         let mut held: VecDeque<Vec<Delivery>> = VecDeque::new();
         let deliveries = self.deliveries.clone();
         loop {
+            // Not biased: the application's ACKs come while it works through deliveries, and
+            // with ACKs polled first the stream (and the answers in it) waited until it
+            // paused.
             tokio::select! {
-                biased;
                 _ = &mut *close => {
                     self.flush_commands(&requests);
                     return SessionEnd::Closed;
