@@ -66,6 +66,10 @@ pub struct BenchArgs {
     /// The "half" load's share of the measured full-load rate (0.5: half).
     #[arg(long, default_value_t = 0.5)]
     half_load_share: f64,
+    /// The "half" load's rate in events per second, whatever the full load measured (to
+    /// compare builds at one load).
+    #[arg(long, conflicts_with = "half_load_share")]
+    half_load_rate: Option<f64>,
     /// Record a `perf` profile of each service during the first full-load run into the data
     /// directory (kept).
     #[arg(long)]
@@ -357,15 +361,10 @@ async fn bench_one(
     let half = if args.no_half_load {
         HalfLoad::default()
     } else {
-        half_load(
-            args,
-            client,
-            run_tag,
-            size,
-            streams,
-            e2e_per_sec * args.half_load_share,
-        )
-        .await?
+        let rate = args
+            .half_load_rate
+            .unwrap_or(e2e_per_sec * args.half_load_share);
+        half_load(args, client, run_tag, size, streams, rate).await?
     };
 
     Ok(Row {
