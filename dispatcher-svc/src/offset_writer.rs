@@ -15,9 +15,9 @@
 //! The writer runs on a thread of its own, with its own single-threaded runtime and its own
 //! connection to offset-svc: every ACK waits for a write, and on the shared runtime each step
 //! of a write (the writer's task, the channel's task, the HTTP/2 connection's task) waited
-//! behind the sessions' and groups' work queued there — at half the maximum load a write's round trip
-//! took 1.6 ms (p50) for a 60 µs store. On its own thread the steps wait only for the OS
-//! to give the thread a core.
+//! behind the sessions' and groups' work queued there — at half the maximum load a write's
+//! round trip took 1.6 ms (p50) for a 60 µs store. On its own thread the steps wait only for
+//! the OS to give the thread a core.
 //!
 //! A write covering traced deliveries runs inside a `commit <topic>` span linked to each of
 //! them (one write settles many events: it is no one event's child); its context goes to

@@ -24,6 +24,7 @@ use eventmesh_proto::client::admin_service_server::AdminServiceServer;
 use eventmesh_proto::encoded::server::event_mesh_service_server::EventMeshServiceServer;
 use tokio::net::TcpListener;
 use tonic::server::NamedService;
+use tonic::transport::Endpoint;
 use tonic_health::ServingStatus;
 
 use crate::admin::AdminGrpc;
@@ -86,7 +87,18 @@ fn lazy_channel(
     value: &str,
     call_timeout: Duration,
 ) -> Result<InternalChannel, ServerError> {
-    grpc::internal_channel(value, call_timeout).map_err(|source| ServerError::Endpoint {
+    Ok(grpc::traced(
+        endpoint(name, value, call_timeout)?.connect_lazy(),
+    ))
+}
+
+/// The co-located service `name` at `value`, not yet connected.
+fn endpoint(
+    name: &'static str,
+    value: &str,
+    call_timeout: Duration,
+) -> Result<Endpoint, ServerError> {
+    grpc::internal_endpoint(value, call_timeout).map_err(|source| ServerError::Endpoint {
         name,
         value: value.to_owned(),
         source,
@@ -111,16 +123,8 @@ pub async fn start(
     let offsets = lazy_channel("offset_svc", &config.offset_svc, call_timeout)?;
     let window = Duration::from_millis(config.delivery.ack_flush_ms);
     let workers = CancellationToken::new();
-    let writer_endpoint =
-        grpc::internal_endpoint(&config.offset_svc, call_timeout).map_err(|source| {
-            ServerError::Endpoint {
-                name: "offset_svc",
-                value: config.offset_svc.clone(),
-                source,
-            }
-        })?;
     let (writer, writer_task) = OffsetWriter::spawn(
-        writer_endpoint,
+        endpoint("offset_svc", &config.offset_svc, call_timeout)?,
         window,
         config.delivery.sync_offsets,
         workers.clone(),

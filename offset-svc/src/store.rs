@@ -90,10 +90,7 @@ pub trait OffsetStore: Send + Sync + 'static {
     fn write_batch_without_waiting(
         &self,
         entries: &[(OffsetKey, i64)],
-    ) -> Option<Result<Vec<WriteOutcome>, Error>> {
-        let _ = entries;
-        None
-    }
+    ) -> Option<Result<Vec<WriteOutcome>, Error>>;
 
     /// Writes one CAS-max value.
     fn write_offset(&self, key: &OffsetKey, offset: i64) -> Result<WriteOutcome, Error> {
