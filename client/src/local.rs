@@ -105,6 +105,27 @@ pub struct LocalConfig {
     /// Environment variables set for every service (after the inherited ones), e.g. the
     /// `OTEL_*` settings of span export.
     pub env: Vec<(String, String)>,
+    /// Each service's async worker threads (`--worker-threads`; 0: the service's own default,
+    /// a worker per core), indexed like [`Service::ALL`]. [`LocalConfig::new`] takes
+    /// [`co_located_worker_threads`].
+    pub worker_threads: [usize; 3],
+}
+
+/// A third of this machine's cores, at least one.
+pub fn a_third_of_the_cores() -> usize {
+    let cores = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
+    (cores / 3).max(1)
+}
+
+/// A service's worker threads when all three share this machine: the dispatcher, which does
+/// most of the work, keeps its default (a worker per core); puller-svc and offset-svc, which do
+/// a fraction of it, get [`a_third_of_the_cores`], so that three schedulers do not each start a
+/// worker per core (docs/CONFIG.md, "Worker threads").
+pub fn co_located_worker_threads(service: Service) -> usize {
+    match service {
+        Service::Dispatcher => 0,
+        Service::Offset | Service::Puller => a_third_of_the_cores(),
+    }
 }
 
 impl LocalConfig {
@@ -120,6 +141,7 @@ impl LocalConfig {
             log_filter: "info".into(),
             crash_at: None,
             env: Vec::new(),
+            worker_threads: Service::ALL.map(co_located_worker_threads),
         }
     }
 
@@ -210,6 +232,11 @@ impl LocalInstance {
         format!("http://{}", self.addr(service))
     }
 
+    /// A service's async worker threads as configured (0: the service's default).
+    pub fn worker_threads(&self, service: Service) -> usize {
+        self.config.worker_threads[service.index()]
+    }
+
     /// The data directory.
     pub fn data_dir(&self) -> &Path {
         &self.config.data_dir
@@ -271,6 +298,10 @@ impl LocalInstance {
                     .arg("--offset-svc")
                     .arg(self.uri(Service::Offset));
             }
+        }
+        let workers = self.config.worker_threads[service.index()];
+        if workers > 0 {
+            command.arg("--worker-threads").arg(workers.to_string());
         }
         command.args(&self.config.extra_args[service.index()]);
         for other in Service::ALL {

@@ -368,6 +368,14 @@ async fn bench_runs_on_the_local_log_and_twice_on_one_kafka_broker() {
         row
     };
     let local = run(&[]);
+    let third = eventmesh_client::local::a_third_of_the_cores();
+    for (process, expected) in [("puller", third), ("offset", third), ("client", third)] {
+        assert_eq!(local["worker_threads"][process], expected, "{local}");
+    }
+    let two = run(&["--worker-threads", "2"]);
+    for process in ["dispatcher", "puller", "offset", "client"] {
+        assert_eq!(two["worker_threads"][process], 2, "{two}");
+    }
     let kafka_args = [
         "--backend",
         "kafka",
@@ -398,6 +406,45 @@ async fn bench_runs_on_the_local_log_and_twice_on_one_kafka_broker() {
     assert_eq!(kafka_rows[1]["backend"], "kafka");
     // The run's data directory is removed afterwards.
     assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+}
+
+/// Each service of a local instance runs as many async workers as it is given, and says so in
+/// its log; 0 leaves the service's default, a worker per core; by default the dispatcher keeps
+/// that and the other two get a third of the cores.
+#[tokio::test]
+async fn a_local_instance_starts_each_service_with_its_worker_threads() {
+    let default = std::env::var("TOKIO_WORKER_THREADS").map_or_else(
+        |_| std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get),
+        |value| value.parse().unwrap(),
+    );
+    let third = eventmesh_client::local::a_third_of_the_cores();
+    // Offset, puller, dispatcher (Service::ALL): as given, 0 as the default, and co-located.
+    for (workers, expected) in [
+        (Some([3, 2, 0]), [3, 2, default]),
+        (None, [third, third, default]),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let mut config = LocalConfig::new(dir.path());
+        if let Some(workers) = workers {
+            config.worker_threads = workers;
+        }
+        let instance = LocalInstance::start(config).await.unwrap();
+        let logs: Vec<String> = Service::ALL
+            .iter()
+            .map(|service| std::fs::read_to_string(instance.log_file(*service)).unwrap())
+            .collect();
+        instance.stop(Duration::from_secs(10)).await;
+        for ((service, log), expected) in Service::ALL.iter().zip(&logs).zip(expected) {
+            let line = log
+                .lines()
+                .find(|line| line.contains("async runtime started"))
+                .unwrap_or_else(|| panic!("{service}: no start-up line in {log}"));
+            assert!(
+                line.contains(&format!("workers={expected}")),
+                "{service} given {workers:?}: {line}"
+            );
+        }
+    }
 }
 
 /// One `emctl top --json` frame of `topic`'s groups.

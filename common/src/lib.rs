@@ -17,6 +17,7 @@
 //! * [`shutdown`] — the signal-driven cancellation token.
 //! * [`alloc`] — the services' global allocator (counting, with feature `count-allocations`).
 //! * [`probe`] — latency probes of an ACK's stages (feature `latency-probes`, benchmarks only).
+//! * [`runtime`] — the services' tokio runtime, with its configured worker threads.
 //!
 //! Code lands here only when two services really share it.
 
@@ -31,6 +32,7 @@ pub mod grpc_metrics;
 pub mod keys;
 pub mod metrics;
 pub mod probe;
+pub mod runtime;
 pub mod shutdown;
 pub mod status;
 pub mod telemetry;

@@ -30,6 +30,8 @@ pub struct Config {
     pub log_format: LogFormat,
     /// Longest a graceful shutdown waits for open streams, seconds.
     pub shutdown_timeout_secs: u64,
+    /// Async worker threads; 0: one per core the process may use (docs/CONFIG.md).
+    pub worker_threads: usize,
     /// Deadline of every call to puller-svc and offset-svc, milliseconds (a frozen neighbour
     /// also fails calls through HTTP/2 keepalive within about 3 s).
     pub dependency_timeout_ms: u64,
@@ -203,6 +205,7 @@ impl Default for Config {
             offset_svc: "http://127.0.0.1:50053".into(),
             log_format: LogFormat::Text,
             shutdown_timeout_secs: 10,
+            worker_threads: 0,
             dependency_timeout_ms: 5_000,
             lag_interval_ms: 5_000,
             delivery: DeliverySettings::default(),
@@ -297,7 +300,7 @@ impl DeliverySettings {
             // Measured on 2 cores (docs/BENCHMARKS.md): two shards there gained throughput
             // with one stream only and raised half-load ACK latency, the actors crowding out
             // the rest of the dispatcher's work.
-            0 => std::thread::available_parallelism().map_or(1, |n| n.get().saturating_sub(1)),
+            0 => async_workers().saturating_sub(1),
             n => n as usize,
         };
         wanted
@@ -342,6 +345,15 @@ impl DeliverySettings {
         }
         Ok(())
     }
+}
+
+/// The worker threads of the runtime the caller runs on (`worker_threads`, or a worker per core
+/// the process may use); outside a runtime, the cores.
+fn async_workers() -> usize {
+    tokio::runtime::Handle::try_current().map_or_else(
+        |_| std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get),
+        |runtime| runtime.metrics().num_workers(),
+    )
 }
 
 /// Command-line flags; each also reads an environment variable.
@@ -452,6 +464,9 @@ pub struct Args {
     /// Graceful shutdown timeout, seconds [default: 10].
     #[arg(long, env = "EM_DISPATCHER_SHUTDOWN_TIMEOUT_SECS")]
     pub shutdown_timeout_secs: Option<u64>,
+    /// Async worker threads; 0: one per core [default: 0].
+    #[arg(long, env = "EM_DISPATCHER_WORKER_THREADS")]
+    pub worker_threads: Option<usize>,
     /// Deadline of calls to puller-svc and offset-svc, ms [default: 5000].
     #[arg(long, env = "EM_DISPATCHER_DEPENDENCY_TIMEOUT_MS")]
     pub dependency_timeout_ms: Option<u64>,
@@ -500,6 +515,7 @@ impl ServiceArgs for Args {
             &mut config.shutdown_timeout_secs,
             self.shutdown_timeout_secs,
         );
+        apply(&mut config.worker_threads, self.worker_threads);
         apply(
             &mut config.dependency_timeout_ms,
             self.dependency_timeout_ms,
@@ -627,8 +643,17 @@ mod tests {
         assert_eq!(
             settings(0).shards_for(1_000),
             cores.saturating_sub(1).clamp(1, 64),
-            "one per core beyond the first"
+            "outside a runtime: one per core beyond the first"
         );
+        for workers in [1, 3] {
+            let runtime = eventmesh_common::runtime::build("shards-test", workers).unwrap();
+            let shards = runtime.block_on(async { settings(0).shards_for(1_000) });
+            assert_eq!(
+                shards,
+                workers.saturating_sub(1).max(1),
+                "one per worker beyond the first ({workers} workers)"
+            );
+        }
         assert!(settings(65).validate().is_err());
         assert!(settings(64).validate().is_ok());
     }

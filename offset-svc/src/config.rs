@@ -45,6 +45,8 @@ pub struct Config {
     pub log_format: LogFormat,
     /// Longest a graceful shutdown waits for in-flight requests, in seconds.
     pub shutdown_timeout_secs: u64,
+    /// Async worker threads; 0: one per core the process may use (docs/CONFIG.md).
+    pub worker_threads: usize,
 }
 
 impl Default for Config {
@@ -59,6 +61,7 @@ impl Default for Config {
             read_only: false,
             log_format: LogFormat::Text,
             shutdown_timeout_secs: 10,
+            worker_threads: 0,
         }
     }
 }
@@ -103,6 +106,9 @@ pub struct Args {
     /// Graceful shutdown timeout in seconds [default: 10].
     #[arg(long, env = "EM_OFFSET_SHUTDOWN_TIMEOUT_SECS")]
     pub shutdown_timeout_secs: Option<u64>,
+    /// Async worker threads; 0: one per core [default: 0].
+    #[arg(long, env = "EM_OFFSET_WORKER_THREADS")]
+    pub worker_threads: Option<usize>,
 }
 
 impl ServiceArgs for Args {
@@ -126,6 +132,7 @@ impl ServiceArgs for Args {
             &mut config.shutdown_timeout_secs,
             self.shutdown_timeout_secs,
         );
+        apply(&mut config.worker_threads, self.worker_threads);
         if config.read_only && config.store == StoreKind::Memory {
             return Err(ConfigError::Invalid {
                 key: "read_only",

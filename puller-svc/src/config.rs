@@ -101,6 +101,8 @@ pub struct Config {
     pub log_format: LogFormat,
     /// Longest a graceful shutdown waits for open requests and streams, seconds.
     pub shutdown_timeout_secs: u64,
+    /// Async worker threads; 0: one per core the process may use (docs/CONFIG.md).
+    pub worker_threads: usize,
     /// Deadline of every call to offset-svc, milliseconds (a frozen one also fails calls
     /// through HTTP/2 keepalive within about 3 s).
     pub dependency_timeout_ms: u64,
@@ -138,6 +140,7 @@ impl Default for Config {
             sync_appends: false,
             log_format: LogFormat::Text,
             shutdown_timeout_secs: 10,
+            worker_threads: 0,
             dependency_timeout_ms: 5_000,
             auto_create_topics: None,
             dead_letter_retention_hours: 0,
@@ -276,6 +279,9 @@ pub struct Args {
     /// Graceful shutdown timeout, seconds [default: 10].
     #[arg(long, env = "EM_PULLER_SHUTDOWN_TIMEOUT_SECS")]
     pub shutdown_timeout_secs: Option<u64>,
+    /// Async worker threads; 0: one per core [default: 0].
+    #[arg(long, env = "EM_PULLER_WORKER_THREADS")]
+    pub worker_threads: Option<usize>,
     /// Deadline of calls to offset-svc, ms [default: 5000].
     #[arg(long, env = "EM_PULLER_DEPENDENCY_TIMEOUT_MS")]
     pub dependency_timeout_ms: Option<u64>,
@@ -333,6 +339,7 @@ impl ServiceArgs for Args {
             &mut config.shutdown_timeout_secs,
             self.shutdown_timeout_secs,
         );
+        apply(&mut config.worker_threads, self.worker_threads);
         apply(
             &mut config.dependency_timeout_ms,
             self.dependency_timeout_ms,

@@ -20,13 +20,19 @@ use puller_svc::storage::rocketmq5::RocketMq5Storage;
 #[global_allocator]
 static ALLOCATOR: eventmesh_common::alloc::Allocator = eventmesh_common::alloc::ALLOCATOR;
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
+fn main() -> anyhow::Result<()> {
     let Some(config) = eventmesh_common::config::resolve_or_check("puller-svc", Args::parse())?
     else {
         return Ok(()); // --check-config: the report is printed
     };
+    eventmesh_common::runtime::build("puller-svc", config.worker_threads)
+        .context("starting the async runtime")?
+        .block_on(serve(config))
+}
+
+async fn serve(config: puller_svc::config::Config) -> anyhow::Result<()> {
     let _telemetry = eventmesh_common::telemetry::init("puller-svc", config.log_format)?;
+    eventmesh_common::runtime::log_workers();
     eventmesh_common::metrics::install(config.metrics_listen)?;
     let shutdown =
         eventmesh_common::shutdown::on_signals().context("installing signal handlers")?;

@@ -74,6 +74,11 @@ pub struct BenchArgs {
     /// directory (kept).
     #[arg(long)]
     perf: bool,
+    /// Each service's async worker threads, and this client's (0: a worker per core)
+    /// [default: dispatcher-svc a worker per core; puller-svc, offset-svc and this client a
+    /// third of the cores, at least one].
+    #[arg(long)]
+    worker_threads: Option<usize>,
     /// Extra dispatcher-svc flag (repeat; e.g. `--dispatcher-arg=--ack-flush-ms=0`).
     #[arg(long = "dispatcher-arg", allow_hyphen_values = true)]
     dispatcher_args: Vec<String>,
@@ -89,6 +94,39 @@ pub struct BenchArgs {
     /// Print results as JSON lines.
     #[arg(long)]
     json: bool,
+}
+
+impl BenchArgs {
+    /// The async worker threads of the bench's client (0: a worker per core).
+    pub fn client_worker_threads(&self) -> usize {
+        self.worker_threads
+            .unwrap_or_else(eventmesh_client::local::a_third_of_the_cores)
+    }
+}
+
+/// The async worker threads each process of a run had.
+#[derive(Debug, Default, serde::Serialize)]
+pub struct WorkerThreads {
+    pub dispatcher: usize,
+    pub puller: usize,
+    pub offset: usize,
+    pub client: usize,
+}
+
+impl WorkerThreads {
+    fn of(instance: &LocalInstance, client: usize) -> Self {
+        // 0 is the process's default: a worker per core (TOKIO_WORKER_THREADS aside).
+        let resolved = |workers: usize| match workers {
+            0 => std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get),
+            n => n,
+        };
+        WorkerThreads {
+            dispatcher: resolved(instance.worker_threads(Service::Dispatcher)),
+            puller: resolved(instance.worker_threads(Service::Puller)),
+            offset: resolved(instance.worker_threads(Service::Offset)),
+            client: resolved(client),
+        }
+    }
 }
 
 /// One configuration's results.
@@ -111,6 +149,8 @@ pub struct Row {
     /// `EM_PROBE_DIR` set and services built with `latency-probes`: see `stages.rs`).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub half_ack_stages: Vec<stages::StageLatency>,
+    /// The async worker threads of each process.
+    pub worker_threads: WorkerThreads,
     /// CPU cores used during the full-load phase: dispatcher, puller, offset-svc, this client.
     pub cpu_dispatcher: f64,
     pub cpu_puller: f64,
@@ -169,6 +209,9 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     config = config.args(Service::Dispatcher, args.dispatcher_args.iter().cloned());
     config.log_filter = "warn".into();
     config.bin_dir = args.bin_dir.clone();
+    if let Some(workers) = args.worker_threads {
+        config.worker_threads = [workers; 3];
+    }
     // A known metrics port for the dispatcher: a build with its `count-allocations` feature
     // reports heap allocations there.
     config.metrics_listen[Service::Dispatcher.index()] = free_loopback_addr()?;
@@ -382,6 +425,7 @@ async fn bench_one(
         half_ack_p50_ms: half.ack_p50_ms,
         half_ack_p99_ms: half.ack_p99_ms,
         half_ack_stages: half.ack_stages,
+        worker_threads: WorkerThreads::of(instance, args.client_worker_threads()),
         cpu_dispatcher: cores(0),
         cpu_puller: cores(1),
         cpu_offset: cores(2),

@@ -59,8 +59,7 @@ enum Command {
     Bench(bench::BenchArgs),
 }
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
+fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("EMCTL_LOG")
@@ -68,7 +67,20 @@ async fn main() -> anyhow::Result<()> {
         )
         .with_writer(std::io::stderr)
         .init();
-    match Cli::parse().command {
+    let command = Cli::parse().command;
+    let mut runtime = tokio::runtime::Builder::new_multi_thread();
+    // The bench's client shares the machine with the instance it starts: it gets a share of
+    // the cores as puller-svc and offset-svc do (0: tokio's default).
+    if let Command::Bench(args) = &command
+        && args.client_worker_threads() > 0
+    {
+        runtime.worker_threads(args.client_worker_threads());
+    }
+    runtime.enable_all().build()?.block_on(run(command))
+}
+
+async fn run(command: Command) -> anyhow::Result<()> {
+    match command {
         Command::Up(args) => up::run(args).await,
         Command::Publish(args) => pubsub::publish(args).await,
         Command::Subscribe(args) => pubsub::subscribe(args).await,

@@ -1,0 +1,75 @@
+//! The services' async runtime: tokio's multi-threaded scheduler with as many worker threads
+//! as the configuration says.
+//!
+//! Every service has the setting `worker_threads`. `0`, the default, leaves the choice to
+//! tokio: `TOKIO_WORKER_THREADS` when set, else one worker per core the process may use
+//! (`std::thread::available_parallelism`, which honours CPU affinity and a cgroup's CPU quota).
+//! A positive number is used as it is.
+//!
+//! Why it is a setting: the three services run side by side on every node, so by default each
+//! starts a worker per core and three schedulers compete for the same cores, and a session's
+//! work and its group's are handed between workers on different cores. On a small node fewer
+//! workers per service are faster (docs/CONFIG.md, "Worker threads").
+
+use std::io;
+
+/// Builds the runtime a service's `main` runs on, its threads named after the service.
+/// `worker_threads == 0` is tokio's default (module doc).
+pub fn build(service: &str, worker_threads: usize) -> io::Result<tokio::runtime::Runtime> {
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    if worker_threads > 0 {
+        builder.worker_threads(worker_threads);
+    }
+    builder.enable_all().thread_name(service).build()
+}
+
+/// Logs the current runtime's worker threads (one line at start-up, `workers=N`), so an
+/// operator sees what the setting resolved to.
+pub fn log_workers() {
+    if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+        tracing::info!(
+            workers = runtime.metrics().num_workers(),
+            "async runtime started"
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    /// The number of threads of the given name running in this process.
+    fn threads_named(name: &str) -> usize {
+        std::fs::read_dir("/proc/self/task")
+            .unwrap()
+            .filter_map(|task| std::fs::read_to_string(task.ok()?.path().join("comm")).ok())
+            .filter(|comm| comm.trim_end() == name)
+            .count()
+    }
+
+    #[test]
+    fn a_configured_count_of_workers_is_started() {
+        let runtime = build("em-rt-test-3", 3).unwrap();
+        // Workers start with the runtime; each answers a task so all are surely up.
+        runtime.block_on(async {
+            let tasks: Vec<_> = (0..3).map(|_| tokio::spawn(async {})).collect();
+            for task in tasks {
+                task.await.unwrap();
+            }
+        });
+        assert_eq!(runtime.metrics().num_workers(), 3);
+        assert_eq!(threads_named("em-rt-test-3"), 3);
+    }
+
+    #[test]
+    fn zero_is_tokios_default() {
+        let runtime = build("em-rt-test-0", 0).unwrap();
+        let expected = match std::env::var("TOKIO_WORKER_THREADS") {
+            Ok(value) => value.parse().unwrap(),
+            Err(_) => std::thread::available_parallelism().unwrap().get(),
+        };
+        assert_eq!(runtime.metrics().num_workers(), expected);
+    }
+}
