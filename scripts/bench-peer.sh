@@ -10,19 +10,21 @@
 #
 #   scripts/bench-peer.sh [--events N] [--rounds R] [--sizes 256,1024] [--streams 1,8]
 #                         [--max-in-flight M] [--profile release|dev] [--sync]
-#                         [--dispatcher-arg=FLAG]...
+#                         [--worker-threads N] [--dispatcher-arg=FLAG]...
 #
 # --max-in-flight: our per-session in-flight limit (default 4,096; the dispatcher's limit is
 # raised to it). JetStream's consumer keeps max_ack_pending = max(65,536, streams × 1,024), its
 # own best, so ours is the smaller window of the two.
 # --sync: our local log fsyncs every append write (per batch and partition); JetStream keeps its
 # default (its file store does not fsync every write). --dispatcher-arg passes a flag to our
-# dispatcher-svc (e.g. --dispatcher-arg=--group-shards=1). Builds what it runs (cargo, --profile),
+# dispatcher-svc (e.g. --dispatcher-arg=--group-shards=1). --worker-threads: each of our
+# services' and our bench client's async workers (default: emctl bench's co-located split,
+# docs/CONFIG.md "Worker threads"); jetstream-bench keeps tokio's default, its best. Builds what it runs (cargo, --profile),
 # installs and starts nats-server (scripts/nats.sh) in a fresh directory, stops it at the end.
 source "$(dirname "$0")/common.sh"
 
 events=200000 rounds=5 sizes=256,1024 streams=1,8 profile=release sync=false max_in_flight=4096
-dispatcher_args=()
+dispatcher_args=() worker_args=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --events) events="$2"; shift 2 ;;
@@ -33,6 +35,7 @@ while [ $# -gt 0 ]; do
     --profile) profile="$2"; shift 2 ;;
     --sync) sync=true; shift ;;
     --dispatcher-arg=*) dispatcher_args+=("$1"); shift ;;
+    --worker-threads) worker_args=(--worker-threads "$2"); shift 2 ;;
     *) echo "unknown option $1 (see the header of $0)" >&2; exit 2 ;;
   esac
 done
@@ -58,7 +61,7 @@ for size in ${sizes//,/ }; do
       log "size $size B, $stream_count streams, round $round/$rounds: ours"
       "$bin_dir/emctl" bench --events "$events" --sizes "$size" --streams "$stream_count" \
         --data-dir "$work" --bin-dir "$bin_dir" --puller-arg="--sync-appends=$sync" --json \
-        --idle-samples 0 --max-in-flight "$max_in_flight" "${dispatcher_args[@]}" \
+        --idle-samples 0 --max-in-flight "$max_in_flight" "${worker_args[@]}" "${dispatcher_args[@]}" \
         | sed "s/^{/{\"side\":\"ours\",\"round\":$round,\"sync\":$sync,/" | tee -a "$results"
       log "size $size B, $stream_count streams, round $round/$rounds: jetstream"
       "$bin_dir/jetstream-bench" --url "$nats_url" --server-pid "$nats_pid" --events "$events" \
@@ -70,7 +73,7 @@ done
 
 log "idle first event: ours"
 "$bin_dir/emctl" bench --idle-only --idle-samples 200 --data-dir "$work" --bin-dir "$bin_dir" \
-  --puller-arg="--sync-appends=$sync" --json "${dispatcher_args[@]}" \
+  --puller-arg="--sync-appends=$sync" --json "${worker_args[@]}" "${dispatcher_args[@]}" \
   | sed "s/^{/{\"side\":\"ours\",\"sync\":$sync,/" | tee -a "$results"
 
 python3 - "$results" <<'PY'
