@@ -81,6 +81,24 @@ pub fn check_endpoint(key: &'static str, uri: &str) -> Result<(), ConfigError> {
     }
 }
 
+/// Most async worker threads a service may be given (`worker_threads`): far above any core
+/// count it runs on, low enough that a typo does not start thousands of threads.
+pub const MAX_WORKER_THREADS: usize = 1024;
+
+/// Checks the setting `worker_threads` (0: the runtime's default, else at most
+/// [`MAX_WORKER_THREADS`]).
+pub fn check_worker_threads(workers: usize) -> Result<(), ConfigError> {
+    if workers > MAX_WORKER_THREADS {
+        return Err(ConfigError::Invalid {
+            key: "worker_threads",
+            message: format!(
+                "{workers} is more than {MAX_WORKER_THREADS} (0: one per core the process may use)"
+            ),
+        });
+    }
+    Ok(())
+}
+
 /// A service's command line: where the configuration comes from, resolved.
 pub trait ServiceArgs {
     /// The service's effective configuration.

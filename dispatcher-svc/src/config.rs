@@ -6,7 +6,9 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use clap::Parser;
-use eventmesh_common::config::{ConfigError, ServiceArgs, apply, check_endpoint, load_file};
+use eventmesh_common::config::{
+    ConfigError, ServiceArgs, apply, check_endpoint, check_worker_threads, load_file,
+};
 use eventmesh_common::telemetry::LogFormat;
 use serde::{Deserialize, Serialize};
 
@@ -516,6 +518,7 @@ impl ServiceArgs for Args {
             self.shutdown_timeout_secs,
         );
         apply(&mut config.worker_threads, self.worker_threads);
+        check_worker_threads(config.worker_threads)?;
         apply(
             &mut config.dependency_timeout_ms,
             self.dependency_timeout_ms,

@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 use clap::Parser;
-use eventmesh_common::config::{ConfigError, ServiceArgs, apply, load_file};
+use eventmesh_common::config::{ConfigError, ServiceArgs, apply, check_worker_threads, load_file};
 use eventmesh_common::telemetry::LogFormat;
 use serde::{Deserialize, Serialize};
 
@@ -133,6 +133,7 @@ impl ServiceArgs for Args {
             self.shutdown_timeout_secs,
         );
         apply(&mut config.worker_threads, self.worker_threads);
+        check_worker_threads(config.worker_threads)?;
         if config.read_only && config.store == StoreKind::Memory {
             return Err(ConfigError::Invalid {
                 key: "read_only",
@@ -178,6 +179,16 @@ mod tests {
             config.metrics_listen,
             DEFAULT_METRICS_LISTEN.parse().unwrap()
         );
+    }
+
+    #[test]
+    fn worker_threads_are_bounded() {
+        let workers =
+            |value: &str| Args::parse_from(["offset-svc", "--worker-threads", value]).into_config();
+        assert_eq!(workers("1024").unwrap().worker_threads, 1024);
+        assert_eq!(workers("0").unwrap().worker_threads, 0, "0: the default");
+        let err = workers("5000").unwrap_err().to_string();
+        assert!(err.contains("worker_threads"), "{err}");
     }
 
     #[test]
