@@ -232,14 +232,16 @@ async fn bench_all(
     instance: &mut LocalInstance,
     run_tag: &str,
 ) -> anyhow::Result<()> {
-    let client = Client::connect(
-        ClientConfig::new("bench")
-            .endpoint(instance.endpoint())
-            .retry_deadline(Duration::from_secs(60)),
-    )
-    .await?;
+    let connection = ClientConfig::new("bench")
+        .endpoint(instance.endpoint())
+        .retry_deadline(Duration::from_secs(60));
+    let client = Client::connect(connection.clone()).await?;
     if !args.idle_only {
-        bench_rows(args, instance, &client, run_tag).await?;
+        let clients = Clients {
+            publisher: client.clone(),
+            consumers: connection,
+        };
+        bench_rows(args, instance, &clients, run_tag).await?;
     }
     if args.idle_samples > 0 {
         let row = idle_first_event(args, &client, run_tag).await?;
@@ -260,10 +262,17 @@ async fn bench_all(
     Ok(())
 }
 
+/// The bench's connections: the publisher's, and what each consumer stream connects with —
+/// a connection of its own per stream, as JetStream's harness gives each consumer task.
+struct Clients {
+    publisher: Client,
+    consumers: ClientConfig,
+}
+
 async fn bench_rows(
     args: &BenchArgs,
     instance: &mut LocalInstance,
-    client: &Client,
+    clients: &Clients,
     run_tag: &str,
 ) -> anyhow::Result<()> {
     let mut first = true;
@@ -287,7 +296,7 @@ async fn bench_rows(
     }
     for &size in &args.sizes {
         for &streams in &args.streams {
-            let row = bench_one(args, instance, client, run_tag, size, streams, first).await?;
+            let row = bench_one(args, instance, clients, run_tag, size, streams, first).await?;
             first = false;
             if args.json {
                 println!("{}", serde_json::to_string(&row)?);
@@ -336,7 +345,7 @@ async fn bench_rows(
 async fn bench_one(
     args: &BenchArgs,
     instance: &mut LocalInstance,
-    client: &Client,
+    clients: &Clients,
     run_tag: &str,
     size: usize,
     streams: usize,
@@ -346,7 +355,7 @@ async fn bench_one(
     let events = args.events;
     // 1. Preload.
     let started = Instant::now();
-    publish(client, &topic, size, events, None).await?;
+    publish(&clients.publisher, &topic, size, events, None).await?;
     let publish_per_sec = events as f64 / started.elapsed().as_secs_f64();
 
     // 2. Raw pull from puller-svc.
@@ -363,7 +372,7 @@ async fn bench_one(
     let group = format!("full-{size}-{streams}");
     let started = Instant::now();
     let (latencies, _) = consume(
-        client,
+        &clients.consumers,
         &topic,
         &group,
         streams,
@@ -407,7 +416,7 @@ async fn bench_one(
         let rate = args
             .half_load_rate
             .unwrap_or(e2e_per_sec * args.half_load_share);
-        half_load(args, client, run_tag, size, streams, rate).await?
+        half_load(args, clients, run_tag, size, streams, rate).await?
     };
 
     Ok(Row {
@@ -457,7 +466,7 @@ struct HalfLoad {
 /// when probing (`EM_PROBE_DIR`).
 async fn half_load(
     args: &BenchArgs,
-    client: &Client,
+    clients: &Clients,
     run_tag: &str,
     size: usize,
     streams: usize,
@@ -467,16 +476,16 @@ async fn half_load(
     let topic = format!("bench-half-{run_tag}-{size}-{streams}");
     let half_events = (args.events / 2).max(1);
     // Create the topic so the group can start before the first publish.
-    publish(client, &topic, size, 1, None).await?;
+    publish(&clients.publisher, &topic, size, 1, None).await?;
     let consumer = {
-        let client = client.clone();
+        let connection = clients.consumers.clone();
         let topic = topic.clone();
         let group = format!("half-{size}-{streams}");
         let max_in_flight = args.max_in_flight;
         let marking = probes.is_some();
         tokio::spawn(async move {
             consume(
-                &client,
+                &connection,
                 &topic,
                 &group,
                 streams,
@@ -490,7 +499,7 @@ async fn half_load(
     tokio::time::sleep(Duration::from_millis(500)).await;
     let window_start = stages::now_ns();
     let started = Instant::now();
-    publish(client, &topic, size, half_events, Some(rate)).await?;
+    publish(&clients.publisher, &topic, size, half_events, Some(rate)).await?;
     let rate_per_sec = half_events as f64 / started.elapsed().as_secs_f64();
     let (latencies, marks) = consumer.await.context("half-load consumer")??;
     let (ack_p50_ms, ack_p99_ms) = percentiles(latencies);
@@ -656,7 +665,7 @@ struct Sampling {
 /// `events` ACKs are answered DURABLE; returns the ACK → DURABLE latencies in microseconds of
 /// the sampled deliveries, and the client's marks when marking.
 async fn consume(
-    client: &Client,
+    connection: &ClientConfig,
     topic: &str,
     group: &str,
     streams: usize,
@@ -667,7 +676,9 @@ async fn consume(
     let durable = Arc::new(AtomicU64::new(0));
     let mut tasks = Vec::new();
     for _ in 0..streams {
-        let subscription = client
+        // Each stream on a connection of its own, apart from the publisher's.
+        let subscription = Client::connect(connection.clone())
+            .await?
             .subscribe(
                 SubscribeOptions::new(topic)
                     .group(group)
