@@ -114,17 +114,18 @@ pub struct WorkerThreads {
 }
 
 impl WorkerThreads {
-    fn of(instance: &LocalInstance, client: usize) -> Self {
-        // 0 is the process's default: a worker per core (TOKIO_WORKER_THREADS aside).
-        let resolved = |workers: usize| match workers {
+    /// The services' as the instance was configured, this client's as its runtime has them.
+    fn of(instance: &LocalInstance) -> Self {
+        // 0 is the service's default: a worker per core (TOKIO_WORKER_THREADS aside).
+        let resolved = |service| match instance.worker_threads(service) {
             0 => std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get),
             n => n,
         };
         WorkerThreads {
-            dispatcher: resolved(instance.worker_threads(Service::Dispatcher)),
-            puller: resolved(instance.worker_threads(Service::Puller)),
-            offset: resolved(instance.worker_threads(Service::Offset)),
-            client: resolved(client),
+            dispatcher: resolved(Service::Dispatcher),
+            puller: resolved(Service::Puller),
+            offset: resolved(Service::Offset),
+            client: tokio::runtime::Handle::current().metrics().num_workers(),
         }
     }
 }
@@ -434,7 +435,7 @@ async fn bench_one(
         half_ack_p50_ms: half.ack_p50_ms,
         half_ack_p99_ms: half.ack_p99_ms,
         half_ack_stages: half.ack_stages,
-        worker_threads: WorkerThreads::of(instance, args.client_worker_threads()),
+        worker_threads: WorkerThreads::of(instance),
         cpu_dispatcher: cores(0),
         cpu_puller: cores(1),
         cpu_offset: cores(2),

@@ -68,13 +68,15 @@ fn main() -> anyhow::Result<()> {
         .with_writer(std::io::stderr)
         .init();
     let command = Cli::parse().command;
-    let mut runtime = tokio::runtime::Builder::new_multi_thread();
     // The bench's client shares the machine with the instance it starts: it gets a share of
-    // the cores as puller-svc and offset-svc do (0: tokio's default).
-    if let Command::Bench(args) = &command
-        && args.client_worker_threads() > 0
-    {
-        runtime.worker_threads(args.client_worker_threads());
+    // the cores as puller-svc and offset-svc do (0: tokio's default, as for every other command).
+    let workers = match &command {
+        Command::Bench(args) => args.client_worker_threads(),
+        _ => 0,
+    };
+    let mut runtime = tokio::runtime::Builder::new_multi_thread();
+    if workers > 0 {
+        runtime.worker_threads(workers);
     }
     runtime.enable_all().build()?.block_on(run(command))
 }
