@@ -384,18 +384,13 @@ async fn offset_svc_outage_makes_acks_pending_without_redelivery_or_dead_letters
     assert_eq!(dead, 0, "no ACKed event was dead-lettered");
 }
 
-/// One group whose client never ACKs holds at most its share of the topic's buffer: the
-/// topic's other group keeps flowing to the end (before fair shares it filled the whole budget
-/// and paused every group of the topic).
-/// A group spread over two shards: a session's in-flight limit is one pool both shards take
-/// from, so it never holds more than its limit however many shards deliver to it, and a shard
-/// that found the pool empty delivers again once the other shard's ACK gives a credit back.
 /// An ACK's answer does not wait behind the deliveries queued for a client that is slow to
 /// read: it overtakes them. 3,000 events of 4 KiB (12 MiB, far more than the transport's
 /// windows hold) go to one session that reads one message, ACKs and then reads on; the answer
 /// must come before most of the rest (behind them all, as it used to, it would come after
-/// every one). The ACK names an id no group issued, answered at once, so what is measured is
-/// the queueing alone, not how long an offset write takes.
+/// every one): only what the transport's windows and buffers hold (1,264 here) comes first.
+/// The ACK names an id no group issued, answered at once, so what is measured is the queueing
+/// alone, not how long an offset write takes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_acks_answer_overtakes_the_deliveries_queued_for_a_slow_reader() {
     const EVENTS: usize = 3_000;
@@ -426,6 +421,10 @@ async fn an_acks_answer_overtakes_the_deliveries_queued_for_a_slow_reader() {
     // Let the group queue everything for this session before the ACK arrives.
     tokio::time::sleep(Duration::from_millis(500)).await;
     session.ack(&["not-an-id"]).await;
+    // Nor read while the dispatcher answers: what comes before the answer is then only what
+    // the transport already held, not also what a reader on a busy machine took while the ACK
+    // was on its way (the count measured that race too, and CI once saw 2,017).
+    tokio::time::sleep(Duration::from_secs(1)).await;
     let result = session.results(1, WAIT).await;
     assert_eq!(result[0].outcome(), AckOutcome::Unknown);
     let before = session.deliveries.len();
@@ -438,6 +437,9 @@ async fn an_acks_answer_overtakes_the_deliveries_queued_for_a_slow_reader() {
     assert_eq!(rest.len(), EVENTS - 1, "every delivery still comes");
 }
 
+/// A group spread over two shards: a session's in-flight limit is one pool both shards take
+/// from, so it never holds more than its limit however many shards deliver to it, and a shard
+/// that found the pool empty delivers again once the other shard's ACK gives a credit back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sessions_in_flight_limit_binds_every_shard_of_its_group_together() {
     let instance = Instance::start(dispatcher_svc::config::DeliverySettings {
@@ -474,6 +476,9 @@ async fn a_sessions_in_flight_limit_binds_every_shard_of_its_group_together() {
     assert_eq!(issuers.len(), 2, "both shards delivered");
 }
 
+/// One group whose client never ACKs holds at most its share of the topic's buffer: the
+/// topic's other group keeps flowing to the end (before fair shares it filled the whole budget
+/// and paused every group of the topic).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stalled_group_holds_only_its_share_while_another_group_flows_to_the_end() {
     let settings = dispatcher_svc::config::DeliverySettings {
