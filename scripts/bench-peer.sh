@@ -3,10 +3,11 @@
 # (`jetstream-bench`, peer-bench/) on this machine, rounds alternated (ours, peer, ours, peer…),
 # the same workload shape on both: N events published with acks (ours: the batching Publisher;
 # JetStream: async publish, acks awaited in batches), then consumed by S streams of one shared
-# group with one explicit ACK per message until nothing is pending, then ACK latency at half of
-# each side's measured rate. Prints every round as a JSON line, then a table of medians and
-# ranges with the ratios ours / JetStream, CPU and RSS per process, and our idle first-event
-# latency (publish → delivery after a quiet spell, 200 samples).
+# group with one explicit ACK per message until nothing is pending; then the live load (N/2
+# published as fast as answered while consumed) and ACK latency at half of each side's live
+# rate. Prints every round as a JSON line, then a table of medians and ranges with the ratios
+# ours / JetStream, CPU and RSS per process, and our idle first-event latency (publish →
+# delivery after a quiet spell, 200 samples).
 #
 #   scripts/bench-peer.sh [--events N] [--rounds R] [--sizes 256,1024] [--streams 1,8]
 #                         [--max-in-flight M] [--profile release|dev] [--sync]
@@ -88,8 +89,8 @@ def stat(side, size, streams, field):
 def show(v, digits=0):
     return "–" if v is None else f"{v[0]:,.{digits}f} ({v[1]:,.{digits}f}–{v[2]:,.{digits}f})"
 print()
-print("| size | streams | side | publish/s | delivered+ACKed/s | full ACK p50 / p99 ms | half rate/s | half ACK p50 / p99 ms |")
-print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+print("| size | streams | side | publish/s | delivered+ACKed/s | full ACK p50 / p99 ms | live rate/s | live ACK p50 / p99 ms | half rate/s | half ACK p50 / p99 ms |")
+print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
 configs = sorted({(r["size"], r["streams"]) for r in rows})
 for size, streams in configs:
     for side in ("ours", "jetstream"):
@@ -99,16 +100,18 @@ for size, streams in configs:
         print(f"| {size} | {streams} | {side} | {show(stat(side, size, streams, 'publish_per_sec'))} "
               f"| {show(stat(side, size, streams, 'e2e_per_sec'))} "
               f"| {med('full_ack_p50_ms')} / {med('full_ack_p99_ms')} "
+              f"| {show(stat(side, size, streams, 'live_per_sec'))} "
+              f"| {med('live_ack_p50_ms')} / {med('live_ack_p99_ms')} "
               f"| {show(stat(side, size, streams, 'half_rate_per_sec'))} "
               f"| {med('half_ack_p50_ms')} / {med('half_ack_p99_ms')} |")
 print()
-print("| size | streams | delivered+ACKed ours / JetStream | publish ours / JetStream |")
-print("| --- | --- | --- | --- |")
+print("| size | streams | delivered+ACKed ours / JetStream | publish ours / JetStream | live ours / JetStream |")
+print("| --- | --- | --- | --- | --- |")
 for size, streams in configs:
     def ratio(field):
         a, b = stat("ours", size, streams, field), stat("jetstream", size, streams, field)
         return "–" if not a or not b else f"{a[0] / b[0]:.2f}"
-    print(f"| {size} | {streams} | {ratio('e2e_per_sec')} | {ratio('publish_per_sec')} |")
+    print(f"| {size} | {streams} | {ratio('e2e_per_sec')} | {ratio('publish_per_sec')} | {ratio('live_per_sec')} |")
 print()
 print("| size | streams | side | CPU cores (median) | RSS MiB after the full load (median) |")
 print("| --- | --- | --- | --- | --- |")

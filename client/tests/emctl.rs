@@ -394,13 +394,17 @@ async fn bench_runs_on_the_local_log_and_twice_on_one_kafka_broker() {
             "publish_per_sec",
             "raw_pull_per_sec",
             "e2e_per_sec",
+            "live_per_sec",
             "half_rate_per_sec",
         ] {
             assert!(row[rate].as_f64().unwrap() > 0.0, "{rate}: {row}");
         }
-        assert!(
-            row["full_ack_p99_ms"].as_f64().unwrap() >= row["full_ack_p50_ms"].as_f64().unwrap()
-        );
+        for phase in ["full", "live", "half"] {
+            let p50 = row[format!("{phase}_ack_p50_ms")].as_f64().unwrap();
+            let p99 = row[format!("{phase}_ack_p99_ms")].as_f64().unwrap();
+            assert!(p50 > 0.0 && p99 >= p50, "{phase}: {row}");
+        }
+        assert_eq!(row["half_load_of"], "live", "{row}");
     }
     assert_eq!(local["backend"], "local");
     assert_eq!(kafka_rows[1]["backend"], "kafka");

@@ -1,6 +1,7 @@
 //! Command-line flags of `jetstream-bench`: one round of one configuration per invocation.
 
-use clap::Parser;
+use clap::{Parser, ValueEnum};
+use serde::Serialize;
 
 /// Runs one round of the `emctl bench` workload against NATS JetStream and prints one line.
 #[derive(Debug, Clone, Parser)]
@@ -25,10 +26,25 @@ pub struct Cli {
     /// Messages asked for per pull request by each task.
     #[arg(long, default_value_t = 1024)]
     pub pull_batch: usize,
-    /// Skip the half-load phase (its fields are null).
+    /// Skip the live- and half-load phases (their fields are null).
     #[arg(long)]
     pub no_half_load: bool,
+    /// Which measured maximum the half load is half of: the live load's (N/2 published while
+    /// the consumer consumes: publishing and consuming share the machine, as they do at half
+    /// load) or the full load's (consuming a stream published beforehand).
+    #[arg(long, value_enum, default_value_t = HalfLoadOf::Live)]
+    pub half_load_of: HalfLoadOf,
     /// Print one JSON object instead of a human-readable line.
     #[arg(long)]
     pub json: bool,
+}
+
+/// The maximum the half load is half of (`--half-load-of`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum HalfLoadOf {
+    /// The live load's rate: publishing and consuming at once, as fast as they go.
+    Live,
+    /// The full load's rate: consuming what was published before.
+    Full,
 }

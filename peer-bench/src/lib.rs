@@ -29,11 +29,19 @@
 //!    blocking the task's consumption) and its round trip — ACK sent → server confirmation — is
 //!    recorded; the others use a plain `ack()`. CPU = (utime + stime) over this phase / wall
 //!    time, from `/proc/<pid>/stat`, for the server (`--server-pid`) and for this process.
-//! 4. **Half load** (unless `--no-half-load`). A fresh stream and consumer; the consumer tasks
-//!    start first, then N/2 events are published at 50 % of the measured `e2e_per_sec` (paced
-//!    against the clock, publish ACKs awaited in order by a separate task). **Every** message is
-//!    ACKed with `double_ack()` and its ACK latency (sent → server confirmation) recorded.
-//!    `half_rate_per_sec` = N/2 / time from the first publish to the last confirmed ACK.
+//! 4. **Live load** (unless `--no-half-load`). A fresh stream and consumer; the consumer tasks
+//!    start first, then N/2 events are published as fast as the server answers them while the
+//!    tasks consume, ACKing as at full load (every 64th with a timed `double_ack`).
+//!    `live_per_sec` = N/2 / time from the first publish to consumer info reporting nothing
+//!    pending: the most the machine does when publishing and consuming share it.
+//! 5. **Half load** (unless `--no-half-load`). A fresh stream and consumer; the consumer tasks
+//!    start first, then N/2 events are published at 50 % of the measured `live_per_sec` (of
+//!    `e2e_per_sec` with `--half-load-of full`, the method before 2026-12-07: as publishing
+//!    then shares the machine, half of the full load's rate is close to the live maximum, not
+//!    half of it), paced against the clock, publish ACKs awaited in order by a separate task.
+//!    **Every** message is ACKed with `double_ack()` and its ACK latency (sent → server
+//!    confirmation) recorded. `half_rate_per_sec` = N/2 / time from the first publish to the
+//!    last confirmed ACK.
 //!
 //! Percentiles are nearest-rank over the sorted samples. Every wait has a timeout that ends
 //! the run with an error naming what did not arrive. The streams are deleted at the end.

@@ -2,6 +2,8 @@
 
 use serde::Serialize;
 
+use crate::cli::HalfLoadOf;
+
 /// What JetStream's file store promises when it answers a publish or an ACK (its default,
 /// which the bench keeps).
 pub const SYNC_NOTE: &str =
@@ -20,6 +22,14 @@ pub struct Report {
     pub e2e_per_sec: f64,
     pub full_ack_p50_ms: Option<f64>,
     pub full_ack_p99_ms: Option<f64>,
+    /// The live load: N/2 events published as fast as the server answers while the consumer
+    /// tasks consume; events / first publish to the last ACK processed, and the sampled ACK
+    /// latencies (every 64th, as at full load).
+    pub live_per_sec: Option<f64>,
+    pub live_ack_p50_ms: Option<f64>,
+    pub live_ack_p99_ms: Option<f64>,
+    /// Which rate the half load is half of.
+    pub half_load_of: HalfLoadOf,
     pub half_rate_per_sec: Option<f64>,
     pub half_ack_p50_ms: Option<f64>,
     pub half_ack_p99_ms: Option<f64>,
@@ -30,7 +40,8 @@ pub struct Report {
     pub full_ack_samples: usize,
     /// Events of the half-load phase (N/2), when it ran.
     pub half_events: Option<u64>,
-    /// The half-load publish target: 50 % of `e2e_per_sec`.
+    /// The half-load publish target: 50 % of `live_per_sec` (or of `e2e_per_sec` with
+    /// `--half-load-of full`).
     pub half_target_per_sec: Option<f64>,
     /// The half-load publish rate reached (N/2 / first publish to last publish ACK): below the
     /// target when the client cannot keep up.
@@ -56,7 +67,7 @@ impl Report {
     pub fn human_line(&self) -> String {
         format!(
             "jetstream {} | size {} B, streams {}, N {} | publish {:.0}/s | e2e {:.0}/s, ACK \
-             p50/p99 {}/{} ({} sampled double_acks) | half load {}/s (target {}/s, published {}/s) ACK p50/p99 \
+             p50/p99 {}/{} ({} sampled double_acks) | live {}/s ACK p50/p99 {}/{} | half load of {:?} {}/s (target {}/s, published {}/s) ACK p50/p99 \
              {}/{} | CPU server {} client {:.2} cores | server RSS {} | redelivered {} | {}",
             self.server_version,
             self.size,
@@ -67,6 +78,10 @@ impl Report {
             opt(self.full_ack_p50_ms, " ms"),
             opt(self.full_ack_p99_ms, " ms"),
             self.full_ack_samples,
+            opt(self.live_per_sec, ""),
+            opt(self.live_ack_p50_ms, " ms"),
+            opt(self.live_ack_p99_ms, " ms"),
+            self.half_load_of,
             opt(self.half_rate_per_sec, ""),
             opt(self.half_target_per_sec, ""),
             opt(self.half_publish_per_sec, ""),

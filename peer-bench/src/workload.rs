@@ -1,10 +1,11 @@
-//! The round itself: publish, full-load consume, half-load consume (method in the crate docs).
+//! The round itself: publish, full-load consume, live- and half-load consume (method in the
+//! crate docs).
 //!
 //! Every wait is bounded: API calls and ACK confirmations by [`API_TIMEOUT`], consuming by
 //! [`STALL_TIMEOUT`] without progress, draining by [`DRAIN_TIMEOUT`]; each ends the round with
 //! an error saying what was being waited for and how far it got.
 
-use crate::cli::Cli;
+use crate::cli::{Cli, HalfLoadOf};
 use crate::procstat::{CpuMark, rss_mb};
 use crate::report::{Report, SYNC_NOTE, round};
 use crate::stats::Latencies;
@@ -523,7 +524,8 @@ impl Group {
     }
 }
 
-/// Runs one round (publish, full load, half load unless disabled) and deletes its streams.
+/// Runs one round (publish, full load, live and half load unless disabled) and deletes its
+/// streams.
 pub async fn run(cli: &Cli) -> Result<Report> {
     ensure!(cli.events > 0, "--events must be at least 1");
     ensure!(cli.streams > 0, "--streams must be at least 1");
@@ -546,14 +548,81 @@ pub async fn run(cli: &Cli) -> Result<Report> {
     result
 }
 
-/// What the half-load phase measured.
+/// What a live phase (publishing while the consumer tasks consume) measured.
 #[derive(Debug, Clone, Copy)]
-struct Half {
+struct Live {
     events: u64,
+    /// The publish target, per second (infinite: as fast as the server answers).
     target: f64,
     publish_rate: f64,
+    /// Events / time from the first publish to the last ACK processed.
     rate: f64,
     p50_p99: Option<(f64, f64)>,
+    redelivered: u64,
+}
+
+/// One live phase on a fresh stream `{base}_{suffix}`: the consumer tasks start, then `n`
+/// events are published at `rate` per second (`f64::INFINITY`: unpaced). The clock stops at
+/// the last ACK: with `AckMode::EveryDouble` when the last `double_ack` is confirmed, with
+/// `AckMode::Sampled` when consumer info reports nothing pending (as at full load).
+#[allow(clippy::too_many_arguments)]
+async fn live_phase(
+    cli: &Cli,
+    js: &Context,
+    base: &str,
+    suffix: &str,
+    payload: &Bytes,
+    n: u64,
+    rate: f64,
+    mode: AckMode,
+    what: &'static str,
+    created: &mut Vec<String>,
+) -> Result<Live> {
+    let name = format!("{base}_{suffix}");
+    let (stream, subject) = create_stream(js, &name).await?;
+    created.push(name.clone());
+    let consumer = create_consumer(&stream, &name, cli.streams).await?;
+    let mut group = Group::start(cli, &name, mode, what).await?;
+    let start = Instant::now();
+    group.tasks.spawn(publish_paced(Paced {
+        js: js.clone(),
+        subject,
+        payload: payload.clone(),
+        n,
+        rate,
+        start,
+        stream: name.clone(),
+        progress: group.progress.clone(),
+    }));
+    let secs = match mode {
+        AckMode::EveryDouble => {
+            group
+                .wait_count(|p| &p.confirmed, n, "ACKs confirmed")
+                .await?;
+            let secs = start.elapsed().as_secs_f64();
+            group.wait_drained(&consumer).await?;
+            secs
+        }
+        AckMode::Sampled(_) => {
+            group
+                .wait_count(|p| &p.first, n, "messages received")
+                .await?;
+            group.wait_drained(&consumer).await?;
+            start.elapsed().as_secs_f64()
+        }
+    };
+    let progress = group.progress.clone();
+    // After `finish`: the publisher has ended (and stored its time) once the tasks are joined.
+    let (mut latencies, redelivered) = group.finish().await?;
+    let published_secs = progress.published_micros.load(Ordering::Relaxed) as f64 / 1e6;
+    Ok(Live {
+        events: n,
+        target: rate,
+        publish_rate: n as f64 / published_secs.max(1e-9),
+        rate: n as f64 / secs,
+        p50_p99: latencies.p50_p99(),
+        redelivered,
+    })
 }
 
 async fn round_trip(
@@ -599,48 +668,49 @@ async fn round_trip(
     let full_samples = full_latencies.len();
     let full_p = full_latencies.p50_p99();
 
-    // 4: half load.
+    // 4: live load, 5: half load.
+    let mut live = None;
     let mut half = None;
     if !cli.no_half_load {
         let half_n = (n / 2).max(1);
-        let target = e2e_per_sec / 2.0;
-        let half_name = format!("{base}_HALF");
-        let (half_stream, half_subject) = create_stream(js, &half_name).await?;
-        created.push(half_name.clone());
-        let half_consumer = create_consumer(&half_stream, &half_name, cli.streams).await?;
-        let mut group = Group::start(cli, &half_name, AckMode::EveryDouble, "half load").await?;
-        let start = Instant::now();
-        group.tasks.spawn(publish_paced(Paced {
-            js: js.clone(),
-            subject: half_subject,
-            payload: payload.clone(),
-            n: half_n,
-            rate: target,
-            start,
-            stream: half_name.clone(),
-            progress: group.progress.clone(),
-        }));
-        group
-            .wait_count(|p| &p.confirmed, half_n, "ACKs confirmed")
-            .await?;
-        let half_secs = start.elapsed().as_secs_f64();
-        group.wait_drained(&half_consumer).await?;
-        let progress = group.progress.clone();
-        // After `finish`: the publisher has ended (and stored its time) once the tasks are joined.
-        let (mut latencies, half_redelivered) = group.finish().await?;
-        let published_secs = progress.published_micros.load(Ordering::Relaxed) as f64 / 1e6;
-        redelivered += half_redelivered;
-        half = Some(Half {
-            events: half_n,
-            target,
-            publish_rate: half_n as f64 / published_secs.max(1e-9),
-            rate: half_n as f64 / half_secs,
-            p50_p99: latencies.p50_p99(),
-        });
+        let measured = live_phase(
+            cli,
+            js,
+            base,
+            "LIVE",
+            &payload,
+            half_n,
+            f64::INFINITY,
+            AckMode::Sampled(SAMPLE_EVERY),
+            "live load",
+            created,
+        )
+        .await?;
+        let basis = match cli.half_load_of {
+            HalfLoadOf::Live => measured.rate,
+            HalfLoadOf::Full => e2e_per_sec,
+        };
+        let measured_half = live_phase(
+            cli,
+            js,
+            base,
+            "HALF",
+            &payload,
+            half_n,
+            basis / 2.0,
+            AckMode::EveryDouble,
+            "half load",
+            created,
+        )
+        .await?;
+        redelivered += measured.redelivered + measured_half.redelivered;
+        live = Some(measured);
+        half = Some(measured_half);
     }
 
     let server_rss = cli.server_pid.map(rss_mb).transpose()?;
     let half_p = half.and_then(|h| h.p50_p99);
+    let live_p = live.and_then(|l| l.p50_p99);
     Ok(Report {
         peer: "jetstream",
         size: cli.size,
@@ -650,6 +720,10 @@ async fn round_trip(
         e2e_per_sec: round(e2e_per_sec, 1),
         full_ack_p50_ms: full_p.map(|(p50, _)| round(p50, 3)),
         full_ack_p99_ms: full_p.map(|(_, p99)| round(p99, 3)),
+        live_per_sec: live.map(|l| round(l.rate, 1)),
+        live_ack_p50_ms: live_p.map(|(p50, _)| round(p50, 3)),
+        live_ack_p99_ms: live_p.map(|(_, p99)| round(p99, 3)),
+        half_load_of: cli.half_load_of,
         half_rate_per_sec: half.map(|h| round(h.rate, 1)),
         half_ack_p50_ms: half_p.map(|(p50, _)| round(p50, 3)),
         half_ack_p99_ms: half_p.map(|(_, p99)| round(p99, 3)),

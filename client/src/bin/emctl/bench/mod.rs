@@ -9,10 +9,14 @@
 //!    delivery at once; throughput = N / (time until the last ACK was answered DURABLE);
 //!    ACK → DURABLE latency of every 64th delivery of each stream (as JetStream's side samples);
 //!    CPU seconds of each process over the phase;
-//! 4. **half load**: a fresh topic and group, published at half the full-load rate while the S
-//!    sessions consume live; ACK → DURABLE latency at that steady load.
-//!    (`--half-load-share` sets another share.) With `EM_PROBE_DIR` set and services built with
-//!    the feature `latency-probes`, each stage's share of that time too (`stages.rs`).
+//! 4. **live load**: a fresh topic and group, N/2 events published as fast as they are answered
+//!    while the S sessions consume: the most the machine does when publishing and consuming
+//!    share it (`live.rs`);
+//! 5. **half load**: a fresh topic and group, published at half the live load's rate while the
+//!    S sessions consume; ACK → DURABLE latency at that steady load. (`--half-load-share` sets
+//!    another share, `--half-load-of full` takes it of the full load's rate.) With
+//!    `EM_PROBE_DIR` set and services built with the feature `latency-probes`, each stage's
+//!    share of that time too (`stages.rs`).
 //!
 //! Resident memory (VmRSS) of each service is read after the full load. Once per run, after
 //! the rows, the **idle first event** probe publishes single events to a topic one subscriber
@@ -33,10 +37,13 @@ use eventmesh_client::{
     SubscribeOptions, Subscription,
 };
 use eventmesh_proto::puller as puller_pb;
+use eventmesh_proto::puller::puller_service_client::PullerServiceClient;
 
 use crate::backend::BackendArgs;
 use crate::stages::{self, ClientMark};
-use eventmesh_proto::puller::puller_service_client::PullerServiceClient;
+use live::{HalfLoadOf, Phase};
+
+mod live;
 
 #[derive(Debug, Args)]
 pub struct BenchArgs {
@@ -60,12 +67,16 @@ pub struct BenchArgs {
     /// Directory holding the service binaries (default: next to emctl).
     #[arg(long, env = "EM_BIN_DIR")]
     bin_dir: Option<PathBuf>,
-    /// Skip the half-load latency runs.
+    /// Skip the live- and half-load runs.
     #[arg(long)]
     no_half_load: bool,
-    /// The "half" load's share of the measured full-load rate (0.5: half).
+    /// The "half" load's share of the measured maximum (0.5: half).
     #[arg(long, default_value_t = 0.5)]
     half_load_share: f64,
+    /// Which measured maximum the half load is a share of: the live load's (publishing while
+    /// consuming, as at half load) or the full load's (consuming what was published before).
+    #[arg(long, value_enum, default_value_t = HalfLoadOf::Live)]
+    half_load_of: HalfLoadOf,
     /// The "half" load's rate in events per second, whatever the full load measured (to
     /// compare builds at one load).
     #[arg(long, conflicts_with = "half_load_share")]
@@ -143,6 +154,14 @@ pub struct Row {
     pub ratio: f64,
     pub full_ack_p50_ms: f64,
     pub full_ack_p99_ms: f64,
+    /// The live load: N/2 published as fast as answered while consumed; N/2 / (first publish
+    /// → last ACK DURABLE), and ACK → DURABLE of every 64th delivery of each stream.
+    pub live_per_sec: f64,
+    pub live_ack_p50_ms: f64,
+    pub live_ack_p99_ms: f64,
+    /// The maximum the half load is a share of.
+    pub half_load_of: Option<HalfLoadOf>,
+    /// The half load: N/2 / (first publish → last ACK DURABLE), ACK → DURABLE of every one.
     pub half_rate_per_sec: f64,
     pub half_ack_p50_ms: f64,
     pub half_ack_p99_ms: f64,
@@ -279,7 +298,7 @@ async fn bench_rows(
     let mut first = true;
     if !args.json {
         println!(
-            "{:<6} {:>5} {:>7} {:>9} {:>10} {:>10} {:>6} {:>15} {:>9} {:>15} {:>24} {:>18} {:>11}",
+            "{:<6} {:>5} {:>7} {:>9} {:>10} {:>10} {:>6} {:>15} {:>9} {:>15} {:>9} {:>15} {:>24} {:>18} {:>11}",
             "backend",
             "size",
             "streams",
@@ -288,6 +307,8 @@ async fn bench_rows(
             "e2e/s",
             "ratio",
             "full p50/p99 ms",
+            "live/s",
+            "live p50/p99 ms",
             "half/s",
             "half p50/p99 ms",
             "cpu disp/pull/off/cli",
@@ -303,7 +324,7 @@ async fn bench_rows(
                 println!("{}", serde_json::to_string(&row)?);
             } else {
                 println!(
-                    "{:<6} {:>5} {:>7} {:>9.0} {:>10.0} {:>10.0} {:>6.2} {:>7.2}/{:<7.2} {:>9.0} {:>7.2}/{:<7.2} {:>5.2}/{:.2}/{:.2}/{:.2} {:>6.0}/{:.0}/{:.0} {:>11}",
+                    "{:<6} {:>5} {:>7} {:>9.0} {:>10.0} {:>10.0} {:>6.2} {:>7.2}/{:<7.2} {:>9.0} {:>7.2}/{:<7.2} {:>9.0} {:>7.2}/{:<7.2} {:>5.2}/{:.2}/{:.2}/{:.2} {:>6.0}/{:.0}/{:.0} {:>11}",
                     row.backend,
                     row.size,
                     row.streams,
@@ -313,6 +334,9 @@ async fn bench_rows(
                     row.ratio,
                     row.full_ack_p50_ms,
                     row.full_ack_p99_ms,
+                    row.live_per_sec,
+                    row.live_ack_p50_ms,
+                    row.live_ack_p99_ms,
                     row.half_rate_per_sec,
                     row.half_ack_p50_ms,
                     row.half_ack_p99_ms,
@@ -410,14 +434,20 @@ async fn bench_one(
     let cores = |i: usize| (cpu_after[i] - cpu_before[i]) / elapsed;
     let (full_ack_p50_ms, full_ack_p99_ms) = percentiles(latencies);
 
-    // 4. Half load.
-    let half = if args.no_half_load {
-        HalfLoad::default()
+    // 4. Live load, 5. half load.
+    let (live, half) = if args.no_half_load {
+        Default::default()
     } else {
+        let live = live::run(args, clients, run_tag, size, streams, Phase::Live).await?;
+        let maximum = match args.half_load_of {
+            HalfLoadOf::Live => live.rate_per_sec,
+            HalfLoadOf::Full => e2e_per_sec,
+        };
         let rate = args
             .half_load_rate
-            .unwrap_or(e2e_per_sec * args.half_load_share);
-        half_load(args, clients, run_tag, size, streams, rate).await?
+            .unwrap_or(args.half_load_share * maximum);
+        let half = live::run(args, clients, run_tag, size, streams, Phase::Half { rate }).await?;
+        (live, half)
     };
 
     Ok(Row {
@@ -431,6 +461,11 @@ async fn bench_one(
         ratio: e2e_per_sec / raw_pull_per_sec,
         full_ack_p50_ms,
         full_ack_p99_ms,
+        live_per_sec: live.rate_per_sec,
+        live_ack_p50_ms: live.ack_p50_ms,
+        live_ack_p99_ms: live.ack_p99_ms,
+        half_load_of: (!args.no_half_load && args.half_load_rate.is_none())
+            .then_some(args.half_load_of),
         half_rate_per_sec: half.rate_per_sec,
         half_ack_p50_ms: half.ack_p50_ms,
         half_ack_p99_ms: half.ack_p99_ms,
@@ -450,69 +485,6 @@ async fn bench_one(
         group_ceiling_per_sec: group_busiest_secs
             .filter(|busy| *busy > 0.0)
             .map(|busy| events as f64 / busy),
-    })
-}
-
-/// What the half load measured.
-#[derive(Debug, Default)]
-struct HalfLoad {
-    rate_per_sec: f64,
-    ack_p50_ms: f64,
-    ack_p99_ms: f64,
-    ack_stages: Vec<stages::StageLatency>,
-}
-
-/// The half load: a fresh topic and group, half of `events` published at `rate` while the
-/// `streams` sessions consume live; ACK → DURABLE of every delivery, and each stage's share
-/// when probing (`EM_PROBE_DIR`).
-async fn half_load(
-    args: &BenchArgs,
-    clients: &Clients,
-    run_tag: &str,
-    size: usize,
-    streams: usize,
-    rate: f64,
-) -> anyhow::Result<HalfLoad> {
-    let probes = stages::probe_dir()?;
-    let topic = format!("bench-half-{run_tag}-{size}-{streams}");
-    let half_events = (args.events / 2).max(1);
-    // Create the topic so the group can start before the first publish.
-    publish(&clients.publisher, &topic, size, 1, None).await?;
-    let consumer = {
-        let connection = clients.consumers.clone();
-        let topic = topic.clone();
-        let group = format!("half-{size}-{streams}");
-        let max_in_flight = args.max_in_flight;
-        let marking = probes.is_some();
-        tokio::spawn(async move {
-            consume(
-                &connection,
-                &topic,
-                &group,
-                streams,
-                max_in_flight,
-                half_events + 1,
-                Sampling { every: 1, marking },
-            )
-            .await
-        })
-    };
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    let window_start = stages::now_ns();
-    let started = Instant::now();
-    publish(&clients.publisher, &topic, size, half_events, Some(rate)).await?;
-    let rate_per_sec = half_events as f64 / started.elapsed().as_secs_f64();
-    let (latencies, marks) = consumer.await.context("half-load consumer")??;
-    let (ack_p50_ms, ack_p99_ms) = percentiles(latencies);
-    let ack_stages = match &probes {
-        Some(dir) => stages::breakdown(dir, (window_start, stages::now_ns()), &marks)?,
-        None => Vec::new(),
-    };
-    Ok(HalfLoad {
-        rate_per_sec,
-        ack_p50_ms,
-        ack_p99_ms,
-        ack_stages,
     })
 }
 
