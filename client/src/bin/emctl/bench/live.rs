@@ -112,13 +112,13 @@ pub(super) async fn run(
         Phase::Half { rate } => Some(rate),
     };
     publish(&clients.publisher, &topic, size, events, pace).await?;
-    let (latencies, marks) = consumer
+    let consumed = consumer
         .await
         .with_context(|| format!("{name}-load consumer"))??;
     let rate_per_sec = events as f64 / started.elapsed().as_secs_f64();
-    let (ack_p50_ms, ack_p99_ms) = percentiles(latencies);
+    let (ack_p50_ms, ack_p99_ms) = percentiles(consumed.latencies);
     let ack_stages = match &probes {
-        Some(dir) => stages::breakdown(dir, (window_start, stages::now_ns()), &marks)?,
+        Some(dir) => stages::breakdown(dir, (window_start, stages::now_ns()), &consumed.marks)?,
         None => Vec::new(),
     };
     Ok(LiveLoad {

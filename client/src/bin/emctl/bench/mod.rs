@@ -6,7 +6,8 @@
 //! 2. **raw pull**: one reader pulls the N records straight from puller-svc (`Pull`, 512 per
 //!    batch) — the baseline;
 //! 3. **full load**: S sessions of one group start at the earliest offset and ACK every
-//!    delivery at once; throughput = N / (time until the last ACK was answered DURABLE);
+//!    delivery at once; throughput = N / (time from the S connections being up until the last
+//!    ACK was answered DURABLE);
 //!    ACK → DURABLE latency of every 64th delivery of each stream (as JetStream's side samples);
 //!    CPU seconds of each process over the phase;
 //! 4. **live load**: a fresh topic and group, N/2 events published as fast as they are answered
@@ -396,7 +397,7 @@ async fn bench_one(
     let cpu_before = cpu_seconds(instance);
     let group = format!("full-{size}-{streams}");
     let started = Instant::now();
-    let (latencies, _) = consume(
+    let consumed = consume(
         &clients.consumers,
         &topic,
         &group,
@@ -409,7 +410,10 @@ async fn bench_one(
         },
     )
     .await?;
-    let elapsed = started.elapsed().as_secs_f64();
+    // Throughput from when the streams' connections were up (JetStream's clock likewise
+    // starts once its tasks are connected); CPU over the whole phase.
+    let elapsed = consumed.connected.elapsed().as_secs_f64();
+    let cpu_elapsed = started.elapsed().as_secs_f64();
     let cpu_after = cpu_seconds(instance);
     let allocations_after = match allocations_before {
         Some(_) => dispatcher_allocations(instance).await,
@@ -431,8 +435,8 @@ async fn bench_one(
     let rss = [Service::Dispatcher, Service::Puller, Service::Offset]
         .map(|service| instance.pid(service).map_or(0.0, proc_rss_mib));
     let e2e_per_sec = events as f64 / elapsed;
-    let cores = |i: usize| (cpu_after[i] - cpu_before[i]) / elapsed;
-    let (full_ack_p50_ms, full_ack_p99_ms) = percentiles(latencies);
+    let cores = |i: usize| (cpu_after[i] - cpu_before[i]) / cpu_elapsed;
+    let (full_ack_p50_ms, full_ack_p99_ms) = percentiles(consumed.latencies);
 
     // 4. Live load, 5. half load.
     let (live, half) = if args.no_half_load {
@@ -635,8 +639,7 @@ struct Sampling {
 }
 
 /// Consumes `events` deliveries over `streams` sessions of `group`, ACKing each at once, until
-/// `events` ACKs are answered DURABLE; returns the ACK → DURABLE latencies in microseconds of
-/// the sampled deliveries, and the client's marks when marking.
+/// `events` ACKs are answered DURABLE.
 async fn consume(
     connection: &ClientConfig,
     topic: &str,
@@ -645,13 +648,18 @@ async fn consume(
     max_in_flight: u32,
     events: u64,
     sampling: Sampling,
-) -> anyhow::Result<(Vec<u32>, Vec<ClientMark>)> {
+) -> anyhow::Result<Consumed> {
     let durable = Arc::new(AtomicU64::new(0));
-    let mut tasks = Vec::new();
+    // Each stream on a connection of its own, apart from the publisher's, all connected before
+    // the first subscribes (the clock's start: JetStream's tasks connect before its clock too).
+    let mut clients = Vec::with_capacity(streams);
     for _ in 0..streams {
-        // Each stream on a connection of its own, apart from the publisher's.
-        let subscription = Client::connect(connection.clone())
-            .await?
+        clients.push(Client::connect(connection.clone()).await?);
+    }
+    let connected = Instant::now();
+    let mut tasks = Vec::new();
+    for client in clients {
+        let subscription = client
             .subscribe(
                 SubscribeOptions::new(topic)
                     .group(group)
@@ -673,7 +681,21 @@ async fn consume(
         latencies.extend(stream_latencies);
         marks.extend(stream_marks);
     }
-    Ok((latencies, marks))
+    Ok(Consumed {
+        latencies,
+        marks,
+        connected,
+    })
+}
+
+/// What [`consume`] measured.
+struct Consumed {
+    /// ACK → DURABLE of the sampled deliveries, microseconds.
+    latencies: Vec<u32>,
+    /// The client's marks, when marking.
+    marks: Vec<ClientMark>,
+    /// When every stream's connection was up, before the first subscribed.
+    connected: Instant,
 }
 
 /// One session: ACKs every delivery at once and counts DURABLE answers (a delivery id is
