@@ -500,6 +500,14 @@ impl Group {
         }
     }
 
+    /// Waits until all `n` messages were received and consumer info reports every ACK
+    /// processed: the end of a phase ACKed with plain `ack()`s.
+    async fn wait_consumed(&mut self, consumer: &PullConsumer, n: u64) -> Result<()> {
+        self.wait_count(|p| &p.first, n, "messages received")
+            .await?;
+        self.wait_drained(consumer).await
+    }
+
     /// Tells the tasks to stop and collects their latencies.
     async fn finish(mut self) -> Result<(Latencies, u64)> {
         let _ = self.stop.send(true);
@@ -604,10 +612,7 @@ async fn live_phase(
             secs
         }
         AckMode::Sampled(_) => {
-            group
-                .wait_count(|p| &p.first, n, "messages received")
-                .await?;
-            group.wait_drained(&consumer).await?;
+            group.wait_consumed(&consumer, n).await?;
             start.elapsed().as_secs_f64()
         }
     };
@@ -656,10 +661,7 @@ async fn round_trip(
         Group::start(cli, &full_name, AckMode::Sampled(SAMPLE_EVERY), "full load").await?;
     let cpu_start = CpuMark::now(cli.server_pid)?;
     let start = Instant::now();
-    group
-        .wait_count(|p| &p.first, n, "messages received")
-        .await?;
-    group.wait_drained(&full_consumer).await?;
+    group.wait_consumed(&full_consumer, n).await?;
     let e2e_secs = start.elapsed().as_secs_f64();
     let cpu_end = CpuMark::now(cli.server_pid)?;
     let (mut full_latencies, mut redelivered) = group.finish().await?;

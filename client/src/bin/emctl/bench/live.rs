@@ -32,9 +32,9 @@ pub enum HalfLoadOf {
 /// Which live phase to run.
 #[derive(Debug, Clone, Copy)]
 pub(super) enum Phase {
-    /// Unpaced; every 64th ACK timed.
+    /// Unpaced.
     Live,
-    /// Paced to `rate` per second; every ACK timed (and marked when probing).
+    /// Paced to `rate` per second.
     Half { rate: f64 },
 }
 
@@ -66,9 +66,25 @@ pub(super) async fn run(
     streams: usize,
     phase: Phase,
 ) -> anyhow::Result<LiveLoad> {
-    let probes = match phase {
-        Phase::Half { .. } => stages::probe_dir()?,
-        Phase::Live => None,
+    // Unpaced with every 64th ACK timed, or paced with every ACK timed (and marked when
+    // probing).
+    let (pace, sampling, probes) = match phase {
+        Phase::Live => (
+            None,
+            Sampling {
+                every: FULL_LOAD_SAMPLE_EVERY,
+                marking: false,
+            },
+            None,
+        ),
+        Phase::Half { rate } => {
+            let probes = stages::probe_dir()?;
+            let sampling = Sampling {
+                every: 1,
+                marking: probes.is_some(),
+            };
+            (Some(rate), sampling, probes)
+        }
     };
     let name = phase.name();
     let topic = format!("bench-{name}-{run_tag}-{size}-{streams}");
@@ -80,16 +96,6 @@ pub(super) async fn run(
         let topic = topic.clone();
         let group = format!("{name}-{size}-{streams}");
         let max_in_flight = args.max_in_flight;
-        let sampling = match phase {
-            Phase::Live => Sampling {
-                every: FULL_LOAD_SAMPLE_EVERY,
-                marking: false,
-            },
-            Phase::Half { .. } => Sampling {
-                every: 1,
-                marking: probes.is_some(),
-            },
-        };
         tokio::spawn(async move {
             consume(
                 &connection,
@@ -107,10 +113,6 @@ pub(super) async fn run(
     tokio::time::sleep(Duration::from_millis(500)).await;
     let window_start = stages::now_ns();
     let started = Instant::now();
-    let pace = match phase {
-        Phase::Live => None,
-        Phase::Half { rate } => Some(rate),
-    };
     publish(&clients.publisher, &topic, size, events, pace).await?;
     let consumed = consumer
         .await

@@ -78,7 +78,7 @@ pub struct BenchArgs {
     /// consuming, as at half load) or the full load's (consuming what was published before).
     #[arg(long, value_enum, default_value_t = HalfLoadOf::Live)]
     half_load_of: HalfLoadOf,
-    /// The "half" load's rate in events per second, whatever the full load measured (to
+    /// The "half" load's rate in events per second, whatever the live or full load measured (to
     /// compare builds at one load).
     #[arg(long, conflicts_with = "half_load_share")]
     half_load_rate: Option<f64>,
