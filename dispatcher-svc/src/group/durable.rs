@@ -9,7 +9,7 @@ impl Group {
     /// Marks a delivery settled in the trackers and asks for the watermarks it moves to be
     /// made durable; it is retired when the writer says so.
     pub(super) fn settle(&mut self, seq: u64) {
-        let Some(delivery) = self.deliveries.get(&seq) else {
+        let Some(delivery) = self.deliveries.get(seq) else {
             return;
         };
         let (partition, offset) = (delivery.partition.clone(), delivery.offset);
@@ -128,7 +128,7 @@ impl Group {
         match notice {
             WriteNotice::Pending => {
                 for token in tokens {
-                    let Some(delivery) = self.deliveries.get(&token) else {
+                    let Some(delivery) = self.deliveries.get(token) else {
                         continue; // retired meanwhile
                     };
                     for waiter in &delivery.waiters {
@@ -182,7 +182,7 @@ impl Group {
     /// else covering until it does (or dropped unanswered when the group is ending: the
     /// offset below it will not settle here, so it comes back to the next reader).
     fn written_durably(&mut self, seq: u64) {
-        let Some(delivery) = self.deliveries.get_mut(&seq) else {
+        let Some(delivery) = self.deliveries.get_mut(seq) else {
             return; // a watermark-only flush, or retired already
         };
         let Some(track) = self.partitions.get_mut(&delivery.partition) else {
@@ -203,13 +203,13 @@ impl Group {
 
     /// Forgets a delivery without answering or forwarding anything; returns its budget.
     pub(super) fn drop_unanswered(&mut self, seq: u64) {
-        if let Some(delivery) = self.deliveries.remove(&seq) {
+        if let Some(delivery) = self.deliveries.remove(seq) {
             self.budget.release(&self.label, delivery.charge);
         }
     }
 
     fn retire(&mut self, seq: u64) {
-        let Some(delivery) = self.deliveries.remove(&seq) else {
+        let Some(delivery) = self.deliveries.remove(seq) else {
             return;
         };
         self.budget.release(&self.label, delivery.charge);

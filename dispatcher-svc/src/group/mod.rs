@@ -41,6 +41,7 @@ mod requests;
 mod sessions;
 mod settling;
 mod state;
+mod tracked;
 
 use std::borrow::Cow;
 use std::collections::{BTreeSet, HashMap, VecDeque};
@@ -309,7 +310,7 @@ pub(crate) struct Group {
     outbox: outbox::Outbox,
     next_session: usize,
     next_seq: u64,
-    deliveries: FastMap<u64, Delivery>,
+    deliveries: tracked::Tracked,
     ready: VecDeque<u64>,
     timers: BTreeSet<(Instant, u64)>,
     seeds: HashMap<PartitionId, i64>,
@@ -422,7 +423,7 @@ pub(crate) fn spawn(shared: Arc<Shared>, init: GroupInit) -> Started {
         outbox: outbox::Outbox::default(),
         next_session: 0,
         next_seq: 1,
-        deliveries: FastMap::default(),
+        deliveries: tracked::Tracked::default(),
         ready: VecDeque::new(),
         timers: BTreeSet::new(),
         seeds: init.seeds,
@@ -788,7 +789,7 @@ impl Group {
     // ---- dead letters -------------------------------------------------------------------------
 
     fn dead_letter(&mut self, seq: u64, reason: String) {
-        let Some(delivery) = self.deliveries.get_mut(&seq) else {
+        let Some(delivery) = self.deliveries.get_mut(seq) else {
             return;
         };
         delivery.state = DeliveryState::DeadLettering;
@@ -803,7 +804,7 @@ impl Group {
     }
 
     fn dead_lettered(&mut self, seq: u64) {
-        let Some(delivery) = self.deliveries.get_mut(&seq) else {
+        let Some(delivery) = self.deliveries.get_mut(seq) else {
             return;
         };
         delivery.state = DeliveryState::Writing;
@@ -817,10 +818,10 @@ impl Group {
     fn close(&mut self) {
         self.closing = true;
         self.update_gate();
-        let seqs: Vec<u64> = self.deliveries.keys().copied().collect();
+        let seqs: Vec<u64> = self.deliveries.iter().map(|(seq, _)| seq).collect();
         let mut dropped = 0;
         for seq in seqs {
-            let Some(delivery) = self.deliveries.get(&seq) else {
+            let Some(delivery) = self.deliveries.get(seq) else {
                 continue;
             };
             match delivery.state {
@@ -847,7 +848,7 @@ impl Group {
     }
 
     fn release_all(&mut self) {
-        for (_, delivery) in self.deliveries.drain() {
+        for delivery in self.deliveries.drain() {
             self.budget.release(&self.label, delivery.charge);
         }
     }

@@ -28,7 +28,7 @@ impl Group {
         // One client may not hold a delivery away from its group for long: NACK delays and
         // extensions are capped, and the answer says so.
         let (op, capped) = self.shared.settings.cap(op);
-        let Some(delivery) = self.deliveries.get_mut(&id.seq) else {
+        let Some(delivery) = self.deliveries.get_mut(id.seq) else {
             return Some(if id.seq < self.next_seq {
                 (AckOutcome::AlreadySettled, "already settled".into())
             } else {
@@ -95,7 +95,7 @@ impl Group {
     /// attempt.
     pub(super) fn retry(&mut self, seq: u64, when: Retry, why: &str) {
         let max_attempts = self.shared.settings.max_attempts;
-        let Some(delivery) = self.deliveries.get_mut(&seq) else {
+        let Some(delivery) = self.deliveries.get_mut(seq) else {
             return;
         };
         let state = delivery.state;
@@ -128,7 +128,7 @@ impl Group {
                 break;
             }
             self.timers.pop_first();
-            let Some(delivery) = self.deliveries.get_mut(&seq) else {
+            let Some(delivery) = self.deliveries.get_mut(seq) else {
                 continue;
             };
             if delivery.timer != Some(at) {

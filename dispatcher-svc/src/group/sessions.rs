@@ -64,7 +64,7 @@ impl Group {
             };
             let still_ready = self
                 .deliveries
-                .get(&seq)
+                .get(seq)
                 .is_some_and(|d| d.state == DeliveryState::Ready);
             if !still_ready {
                 self.ready.pop_front();
@@ -83,7 +83,7 @@ impl Group {
             self.ready.pop_front();
             self.next_session = (index + 1) % count;
             let slot = &mut self.sessions[index];
-            let Some(delivery) = self.deliveries.get_mut(&seq) else {
+            let Some(delivery) = self.deliveries.get_mut(seq) else {
                 continue;
             };
             outgoing[index].push_back(delivery.sending());
@@ -117,7 +117,7 @@ impl Group {
         let mut taken = 0u32;
         let mut moved_on = false;
         for &seq in seqs {
-            match self.deliveries.get_mut(&seq) {
+            match self.deliveries.get_mut(seq) {
                 Some(delivery) if delivery.state == (DeliveryState::Assigned { session }) => {
                     taken += 1;
                     delivery.state = DeliveryState::Sent { session };
@@ -194,11 +194,11 @@ impl Group {
                 .deliveries
                 .iter()
                 .filter(|(_, d)| d.state == (DeliveryState::Assigned { session }))
-                .map(|(seq, _)| *seq)
+                .map(|(seq, _)| seq)
                 .collect();
             for &seq in held.iter().rev() {
                 self.free_slot(DeliveryState::Assigned { session });
-                if let Some(delivery) = self.deliveries.get_mut(&seq) {
+                if let Some(delivery) = self.deliveries.get_mut(seq) {
                     delivery.state = DeliveryState::Ready;
                     self.ready.push_front(seq);
                 }
@@ -224,19 +224,21 @@ impl Group {
             .deliveries
             .iter()
             .filter(|(_, d)| d.state.session() == Some(session))
-            .map(|(seq, _)| *seq)
+            .map(|(seq, _)| seq)
             .collect();
         tracing::debug!(group = %self.key, session, reassigned = held.len(), "session left");
-        for seq in held {
+        // Each goes to the ready queue's front: taken last to first, they are sent again in
+        // the order they were pulled.
+        for seq in held.into_iter().rev() {
             let was_written = self
                 .deliveries
-                .get(&seq)
+                .get(seq)
                 .is_some_and(|d| matches!(d.state, DeliveryState::Sent { .. }));
             if was_written {
                 // Its session is gone, not the event: the next attempt goes to another
                 // session at once (DESIGN §7), without a backoff.
                 self.retry(seq, Retry::Now, "its session left");
-            } else if let Some(delivery) = self.deliveries.get_mut(&seq) {
+            } else if let Some(delivery) = self.deliveries.get_mut(seq) {
                 delivery.state = DeliveryState::Ready;
                 self.ready.push_front(seq);
             }
