@@ -32,12 +32,13 @@ use std::sync::Arc;
 use eventmesh_common::keys::PartitionId;
 use eventmesh_proto::offset::{OffsetEntry, WriteOffsetsRequest};
 use eventmesh_proto::puller::{
-    PartitionOffsets, PastEnd, Position, PullRequest, PullResponse, ReaderPositions,
+    BodyKind, PartitionOffsets, PastEnd, Position, PullRequest, PullResponse, ReaderPositions,
 };
 use tokio::sync::{mpsc, watch};
 
 use crate::batching::Backoff;
 use crate::budget::{Charge, TopicBudget, kib_cost};
+use crate::event::check_for_delivery;
 use crate::group::{GroupCmd, PullGate};
 use crate::registry::{GroupKey, Shared};
 use crate::shard::split;
@@ -219,7 +220,7 @@ async fn run(
             generation: positions.generation,
             positions: positions.request(),
         };
-        let pulled = match puller.pull(request).await {
+        let mut pulled = match puller.pull(request).await {
             Ok(response) => response.into_inner(),
             Err(status) => {
                 budget.release(&label, charge);
@@ -287,8 +288,24 @@ async fn run(
         }
         metrics::counter!("dispatcher_pulled_records_total", "topic" => key.topic.to_string())
             .increment(pulled.records.len() as u64);
+        mark_undecodable(&mut pulled);
         if !hand_over(&group, pulled, charge, &budget, &label) {
             return;
+        }
+    }
+}
+
+/// Marks the records whose frames will not decode as events (the group dead-letters those
+/// instead of delivering them). Checked here, on the loop's task, rather than by the group's
+/// actor: the actor is one task for the whole group, and this is one frame decode per record.
+fn mark_undecodable(batch: &mut PullResponse) {
+    for record in &mut batch.records {
+        if record.body_kind == BodyKind::MalformedFrame as i32 {
+            continue;
+        }
+        if let Err(err) = check_for_delivery(&record.frame) {
+            record.body_kind = BodyKind::MalformedFrame as i32;
+            record.malformed_reason = format!("frame does not decode: {err}");
         }
     }
 }
@@ -443,6 +460,46 @@ mod tests {
             offset,
             ..PulledRecord::default()
         }
+    }
+
+    #[test]
+    fn frames_that_will_not_decode_are_marked_for_the_dead_letter_topic_before_the_group_gets_them()
+    {
+        let event = eventmesh_proto::client::Event {
+            source: "/orders".into(),
+            r#type: "order.created".into(),
+            ..Default::default()
+        };
+        let (good, _) = crate::event::encode_for_publish(event).unwrap();
+        let mut batch = PullResponse {
+            records: vec![record("0", 1), record("0", 2), record("0", 3)],
+            ..PullResponse::default()
+        };
+        batch.records[0].frame = good;
+        batch.records[1].frame = bytes::Bytes::from_static(b"not a frame");
+        for record in &mut batch.records[..2] {
+            record.body_kind = BodyKind::Frame as i32;
+        }
+        batch.records[2].body_kind = BodyKind::MalformedFrame as i32;
+        batch.records[2].malformed_reason = "the puller's reason".into();
+        mark_undecodable(&mut batch);
+        let kinds: Vec<i32> = batch.records.iter().map(|r| r.body_kind).collect();
+        assert_eq!(
+            kinds,
+            vec![
+                BodyKind::Frame as i32,
+                BodyKind::MalformedFrame as i32,
+                BodyKind::MalformedFrame as i32
+            ]
+        );
+        assert!(
+            batch.records[1]
+                .malformed_reason
+                .starts_with("frame does not decode: "),
+            "{}",
+            batch.records[1].malformed_reason
+        );
+        assert_eq!(batch.records[2].malformed_reason, "the puller's reason");
     }
 
     #[test]

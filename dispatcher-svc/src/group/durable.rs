@@ -14,44 +14,38 @@ impl Group {
         };
         let (partition, offset) = (delivery.partition.clone(), delivery.offset);
         let clients = delivery.clients.clone();
-        // Reused for every settled delivery: no allocation per ACK.
-        let mut entries = std::mem::take(&mut self.settle_scratch);
-        let mut cursor = None;
+        self.settled.add(seq);
         if let Some(track) = self.partitions.get_mut(&partition) {
             track.tracker.settle(offset);
             let watermark = track.tracker.watermark();
             if watermark >= 0 {
                 track.submitted = track.submitted.max(watermark);
                 let lost = track.passed_losses(watermark);
-                entries.push((self.cursor_key(&partition), watermark));
-                if let Some(total) = lost {
-                    entries.push((self.lost_key(&partition), total));
-                }
-                cursor = Some((partition.clone(), watermark));
+                self.settled.cursor(&partition, watermark, lost);
             }
         }
         for client in clients {
-            let offset_key = self.client_key(&client, &partition);
             let key = (client, partition.clone());
             let track = self.clients.entry(key.clone()).or_default();
             track.tracker.settle(offset);
-            if let Some(watermark) = track.tracker.watermark() {
+            let watermark = track.tracker.watermark();
+            if let Some(watermark) = watermark {
                 track.submitted = track.submitted.max(watermark);
-                entries.push((offset_key, watermark));
             }
             if track.tracker.is_idle() && track.submitted >= 0 {
                 // Keep the map small; a later delivery starts a fresh tracker, and CAS-max
                 // keeps the stored value from going down.
                 self.clients.remove(&key);
             }
+            if let Some(watermark) = watermark {
+                self.settled.client(key, watermark);
+            }
         }
-        self.settled.add(seq, entries.drain(..), cursor);
-        self.settle_scratch = entries;
     }
 
     /// Hands what the settled deliveries need durable to the writer as one job.
     pub(super) fn flush_settled(&mut self) {
-        if let Some(job) = self.settled.take() {
+        if let Some(job) = self.settled.take(&self.key) {
             for &seq in &job.tokens {
                 probe::mark(Stage::WriteQueued, seq);
             }
@@ -107,14 +101,6 @@ impl Group {
         OffsetKey::new(
             self.key.topic.clone(),
             OffsetClient::MqLost(self.key.group.clone()),
-            partition.clone(),
-        )
-    }
-
-    fn client_key(&self, client: &ClientId, partition: &PartitionId) -> OffsetKey {
-        OffsetKey::new(
-            self.key.topic.clone(),
-            OffsetClient::Client(client.clone()),
             partition.clone(),
         )
     }

@@ -25,7 +25,6 @@ use eventmesh_proto::puller::{BodyKind, PullResponse};
 use super::{Delivery, Group, PartitionTrack};
 use crate::budget::{Charge, kib_cost};
 use crate::delivery_id::DeliveryId;
-use crate::event::check_for_delivery;
 use crate::watermark::{Admission, GroupWatermark};
 
 impl PartitionTrack {
@@ -69,7 +68,7 @@ impl Group {
         }
         let mut unused = charge;
         let taken_at = Instant::now();
-        for record in batch.records {
+        for mut record in batch.records {
             // A partition the group tracks already is shared, not parsed again.
             let known = self
                 .partitions
@@ -105,16 +104,11 @@ impl Group {
                 group: self.number,
                 seq,
             };
-            let malformed = match BodyKind::try_from(record.body_kind) {
-                Ok(BodyKind::MalformedFrame) => Some(record.malformed_reason.clone()),
+            // Frames were checked by the pull loop (`crate::pulling`) and are decoded when
+            // sent: a waiting delivery holds only the pulled bytes.
+            let problem = match BodyKind::try_from(record.body_kind) {
+                Ok(BodyKind::MalformedFrame) => Some(std::mem::take(&mut record.malformed_reason)),
                 _ => None,
-            };
-            // Checked now, decoded when sent: a waiting delivery holds only the pulled bytes.
-            let problem = match malformed {
-                Some(reason) => Some(reason),
-                None => check_for_delivery(&record.frame)
-                    .err()
-                    .map(|err| format!("frame does not decode: {err}")),
             };
             let delivery = Delivery::new(id, partition, problem.is_none(), record, cost, taken_at);
             self.deliveries.insert(seq, delivery);

@@ -41,6 +41,7 @@ mod requests;
 mod sessions;
 mod settling;
 mod state;
+mod timers;
 mod tracked;
 
 use std::borrow::Cow;
@@ -280,8 +281,6 @@ pub struct ShardInit {
 pub(crate) struct Group {
     /// `key.label()`, computed once: the budget is told it on every retired delivery.
     label: String,
-    /// The buffer `settle` collects a delivery's offset values in (kept for its capacity).
-    settle_scratch: Vec<(OffsetKey, i64)>,
     /// The group's counters, and its gauges and report, made every flush ([`Group::report`]).
     tallies: report::Tallies,
     gauges: report::Gauges,
@@ -312,7 +311,7 @@ pub(crate) struct Group {
     next_seq: u64,
     deliveries: tracked::Tracked,
     ready: VecDeque<u64>,
-    timers: BTreeSet<(Instant, u64)>,
+    timers: timers::Timers,
     seeds: HashMap<PartitionId, i64>,
     lost_seeds: HashMap<PartitionId, i64>,
     partitions: FastMap<PartitionId, PartitionTrack>,
@@ -403,7 +402,6 @@ pub(crate) fn spawn(shared: Arc<Shared>, init: GroupInit) -> Started {
     let group = Group {
         shared,
         label: init.key.label(),
-        settle_scratch: Vec::new(),
         tallies: report::Tallies::new(&labels),
         gauges: report::Gauges::new(&labels),
         ack_latency: report::AckLatency::new(&labels),
@@ -425,7 +423,7 @@ pub(crate) fn spawn(shared: Arc<Shared>, init: GroupInit) -> Started {
         next_seq: 1,
         deliveries: tracked::Tracked::default(),
         ready: VecDeque::new(),
-        timers: BTreeSet::new(),
+        timers: timers::Timers::default(),
         seeds: init.seeds,
         lost_seeds: init.lost,
         partitions: FastMap::default(),
@@ -494,7 +492,13 @@ impl Group {
         self.grace_until = Some(Instant::now() + self.grace());
         tracing::info!(group = %self.key, number = self.number, shard = self.shard, shards = self.siblings.len(), "subscription group started");
         loop {
-            let next_timer = self.timers.first().map(|(at, _)| *at);
+            let deliveries = &self.deliveries;
+            self.timers.tidy(deliveries.len(), |at, seq| {
+                deliveries
+                    .get(seq)
+                    .is_some_and(|delivery| delivery.timer == Some(at))
+            });
+            let next_timer = self.timers.first();
             let wake = match (next_timer, self.grace_until) {
                 (Some(a), Some(b)) => Some(a.min(b)),
                 (a, b) => a.or(b),
@@ -851,23 +855,6 @@ impl Group {
         for delivery in self.deliveries.drain() {
             self.budget.release(&self.label, delivery.charge);
         }
-    }
-}
-
-fn set_timer(
-    timers: &mut BTreeSet<(Instant, u64)>,
-    delivery: &mut Delivery,
-    seq: u64,
-    at: Instant,
-) {
-    clear_timer(timers, delivery, seq);
-    delivery.timer = Some(at);
-    timers.insert((at, seq));
-}
-
-fn clear_timer(timers: &mut BTreeSet<(Instant, u64)>, delivery: &mut Delivery, seq: u64) {
-    if let Some(at) = delivery.timer.take() {
-        timers.remove(&(at, seq));
     }
 }
 

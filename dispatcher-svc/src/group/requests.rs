@@ -60,7 +60,7 @@ impl Group {
                     delivery.record_hop(Operation::ACK, &self.key, client);
                     self.settled.link(trace.span_context());
                 }
-                clear_timer(&mut self.timers, delivery, id.seq);
+                self.timers.clear(delivery, id.seq);
                 self.free_slot(state);
                 self.settle(id.seq);
                 self.pump();
@@ -74,7 +74,7 @@ impl Group {
             }
             (SettleOp::Extend(extra), DeliveryState::Sent { .. }) => {
                 let deadline = Instant::now() + extra;
-                set_timer(&mut self.timers, delivery, id.seq, deadline);
+                self.timers.set(delivery, id.seq, deadline);
                 Some((AckOutcome::Extended, capped.into()))
             }
             (SettleOp::Extend(extra), _) => {
@@ -99,7 +99,7 @@ impl Group {
             return;
         };
         let state = delivery.state;
-        clear_timer(&mut self.timers, delivery, seq);
+        self.timers.clear(delivery, seq);
         if delivery.attempt >= max_attempts {
             let reason = format!("{why} on attempt {} of {max_attempts}", delivery.attempt);
             self.free_slot(state);
@@ -116,18 +116,14 @@ impl Group {
             Retry::After(delay) => {
                 delivery.state = DeliveryState::Backoff;
                 let wait = delay.unwrap_or_else(|| self.shared.settings.backoff(delivery.attempt));
-                set_timer(&mut self.timers, delivery, seq, Instant::now() + wait);
+                self.timers.set(delivery, seq, Instant::now() + wait);
             }
         }
         self.free_slot(state);
     }
 
     pub(super) fn on_timers(&mut self, now: Instant) {
-        while let Some(&(at, seq)) = self.timers.first() {
-            if at > now {
-                break;
-            }
-            self.timers.pop_first();
+        while let Some((at, seq)) = self.timers.pop_due(now) {
             let Some(delivery) = self.deliveries.get_mut(seq) else {
                 continue;
             };

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use eventmesh_common::trace_context::Operation;
 use tokio::sync::mpsc;
 
-use super::{DeliveryState, Group, GroupCmd, Outbound, Retry, Sending, SessionSlot, set_timer};
+use super::{DeliveryState, Group, GroupCmd, Outbound, Retry, Sending, SessionSlot};
 use crate::crash::{CrashPoint, crash_point};
 use crate::responses::MAX_BATCH_ITEMS;
 
@@ -122,7 +122,7 @@ impl Group {
                     taken += 1;
                     delivery.state = DeliveryState::Sent { session };
                     let deadline = at + timeout + delivery.extension.take().unwrap_or_default();
-                    set_timer(&mut self.timers, delivery, seq, deadline);
+                    self.timers.set(delivery, seq, deadline);
                     crash_point(CrashPoint::AfterDeliver);
                 }
                 _ => moved_on = true, // settled or taken back meanwhile

@@ -12,23 +12,27 @@
 
 use super::FastMap;
 
-use eventmesh_common::keys::{OffsetKey, PartitionId};
+use eventmesh_common::keys::{ClientId, OffsetClient, OffsetKey, PartitionId};
 use eventmesh_common::trace_context::{MAX_LINKS, SpanContext};
+
+use crate::registry::GroupKey;
 
 /// Most deliveries collected before a job is handed over even though commands keep coming.
 pub const MAX_SETTLED_PER_JOB: usize = 1024;
 /// Most commands handled after the first delivery was collected before the job is handed over.
 pub const MAX_COMMANDS_PER_JOB: usize = 4096;
 
-/// What the deliveries settled since the last hand-over need durable.
+/// What the deliveries settled since the last hand-over need durable. Values are kept per
+/// partition and per client, the highest of each; their offset keys are made once per job
+/// ([`SettledWrites::take`]), not once per delivery.
 #[derive(Debug, Default)]
 pub struct SettledWrites {
     /// The deliveries (sequence numbers), told when the job is durable.
     tokens: Vec<u64>,
-    /// The highest value per key.
-    entries: FastMap<OffsetKey, i64>,
-    /// The highest group watermark per partition among the entries.
-    cursors: FastMap<PartitionId, i64>,
+    /// The highest group watermark per partition, and the highest lost-offset total passed.
+    cursors: FastMap<PartitionId, (i64, Option<i64>)>,
+    /// The highest watermark per client and partition.
+    clients: FastMap<(ClientId, PartitionId), i64>,
     /// Commands handled since the first delivery of this job was collected.
     commands_since_first: usize,
     /// The trace contexts of the traced deliveries among them (the write links to them).
@@ -47,23 +51,36 @@ pub struct SettledJob {
     pub links: Vec<SpanContext>,
 }
 
+fn raise(slot: &mut i64, value: i64) {
+    *slot = (*slot).max(value);
+}
+
 impl SettledWrites {
-    /// Adds a settled delivery and the values it needs durable.
-    pub fn add(
-        &mut self,
-        token: u64,
-        entries: impl IntoIterator<Item = (OffsetKey, i64)>,
-        cursor: Option<(PartitionId, i64)>,
-    ) {
+    /// Adds a settled delivery; the values it needs durable are added with
+    /// [`SettledWrites::cursor`] and [`SettledWrites::client`].
+    pub fn add(&mut self, token: u64) {
         self.tokens.push(token);
-        for (key, value) in entries {
-            let slot = self.entries.entry(key).or_insert(value);
-            *slot = (*slot).max(value);
+    }
+
+    /// The group watermark of `partition` is to be `watermark` (and its lost-offset total
+    /// `lost`, when it grew).
+    pub fn cursor(&mut self, partition: &PartitionId, watermark: i64, lost: Option<i64>) {
+        match self.cursors.get_mut(partition) {
+            Some((kept, kept_lost)) => {
+                raise(kept, watermark);
+                if let Some(lost) = lost {
+                    raise(kept_lost.get_or_insert(lost), lost);
+                }
+            }
+            None => {
+                self.cursors.insert(partition.clone(), (watermark, lost));
+            }
         }
-        if let Some((partition, watermark)) = cursor {
-            let slot = self.cursors.entry(partition).or_insert(watermark);
-            *slot = (*slot).max(watermark);
-        }
+    }
+
+    /// A client's watermark in a partition is to be `watermark`.
+    pub fn client(&mut self, key: (ClientId, PartitionId), watermark: i64) {
+        raise(self.clients.entry(key).or_insert(watermark), watermark);
     }
 
     /// Notes the trace context of a traced delivery being settled (at most
@@ -88,16 +105,37 @@ impl SettledWrites {
             || self.commands_since_first >= MAX_COMMANDS_PER_JOB
     }
 
-    /// Takes what was collected (`None` when nothing was).
-    pub fn take(&mut self) -> Option<SettledJob> {
+    /// Takes what was collected as the job of `group` (`None` when nothing was).
+    pub fn take(&mut self, group: &GroupKey) -> Option<SettledJob> {
         if self.tokens.is_empty() {
             return None;
         }
         self.commands_since_first = 0;
+        let key = |client, partition: &PartitionId| {
+            OffsetKey::new(group.topic.clone(), client, partition.clone())
+        };
+        let mut entries = Vec::with_capacity(self.cursors.len() + self.clients.len());
+        let mut cursors = Vec::with_capacity(self.cursors.len());
+        for (partition, (watermark, lost)) in self.cursors.drain() {
+            entries.push((
+                key(OffsetClient::MqCursor(group.group.clone()), &partition),
+                watermark,
+            ));
+            if let Some(lost) = lost {
+                entries.push((
+                    key(OffsetClient::MqLost(group.group.clone()), &partition),
+                    lost,
+                ));
+            }
+            cursors.push((partition, watermark));
+        }
+        for ((client, partition), watermark) in self.clients.drain() {
+            entries.push((key(OffsetClient::Client(client), &partition), watermark));
+        }
         Some(SettledJob {
             tokens: std::mem::take(&mut self.tokens),
-            entries: self.entries.drain().collect(),
-            cursors: self.cursors.drain().collect(),
+            entries,
+            cursors,
             links: std::mem::take(&mut self.links),
         })
     }
@@ -107,61 +145,76 @@ impl SettledWrites {
 mod tests {
     #![allow(clippy::unwrap_used)]
 
-    use eventmesh_common::keys::{ClientId, GroupName, OffsetClient, Topic};
+    use std::collections::HashMap;
+
+    use eventmesh_common::keys::{GroupName, Topic};
 
     use super::*;
 
-    fn key(client: &str) -> OffsetKey {
+    fn group() -> GroupKey {
+        GroupKey {
+            topic: Topic::new("t".to_owned()).unwrap(),
+            group: Some(GroupName::named("g".to_owned()).unwrap()),
+        }
+    }
+
+    fn client(name: &str) -> (ClientId, PartitionId) {
+        (
+            ClientId::new(name.to_owned()).unwrap(),
+            PartitionId::number(0),
+        )
+    }
+
+    fn key(client: OffsetClient) -> OffsetKey {
         OffsetKey::new(
             Topic::new("t".to_owned()).unwrap(),
-            OffsetClient::Client(ClientId::new(client.to_owned()).unwrap()),
+            client,
             PartitionId::number(0),
         )
     }
 
     #[test]
     fn a_job_keeps_the_highest_value_per_key_and_names_every_delivery() {
+        let group = group();
         let mut settled = SettledWrites::default();
         assert!(!settled.due(true));
-        assert!(settled.take().is_none());
-        let cursor = OffsetKey::new(
-            Topic::new("t".to_owned()).unwrap(),
-            OffsetClient::MqCursor(Some(GroupName::named("g".to_owned()).unwrap())),
-            PartitionId::number(0),
-        );
-        settled.add(
-            1,
-            vec![(cursor.clone(), 5), (key("a"), 5)],
-            Some((PartitionId::number(0), 5)),
-        );
-        settled.add(2, vec![(key("a"), 3)], None);
-        settled.add(
-            3,
-            vec![(cursor.clone(), 7)],
-            Some((PartitionId::number(0), 7)),
-        );
+        assert!(settled.take(&group).is_none());
+        let partition = PartitionId::number(0);
+        settled.add(1);
+        settled.cursor(&partition, 5, None);
+        settled.client(client("a"), 5);
+        settled.add(2);
+        settled.client(client("a"), 3);
+        settled.add(3);
+        settled.cursor(&partition, 7, Some(2));
+        settled.cursor(&partition, 6, Some(1));
         assert!(settled.due(true));
         assert!(
             !settled.due(false),
             "more commands are queued and the job is not full"
         );
-        let job = settled.take().unwrap();
+        let job = settled.take(&group).unwrap();
         assert_eq!(job.tokens, vec![1, 2, 3]);
-        let entries: std::collections::HashMap<_, _> = job.entries.into_iter().collect();
-        assert_eq!(entries[&cursor], 7);
+        let entries: HashMap<_, _> = job.entries.into_iter().collect();
+        let named = || group.group.clone();
+        assert_eq!(entries[&key(OffsetClient::MqCursor(named()))], 7);
+        assert_eq!(entries[&key(OffsetClient::MqLost(named()))], 2);
         assert_eq!(
-            entries[&key("a")],
+            entries[&key(OffsetClient::Client(client("a").0))],
             5,
             "a lower value never lowers what is written"
         );
-        assert_eq!(job.cursors, vec![(PartitionId::number(0), 7)]);
-        assert!(settled.take().is_none(), "taken once");
+        assert_eq!(entries.len(), 3);
+        assert_eq!(job.cursors, vec![(partition, 7)]);
+        assert!(settled.take(&group).is_none(), "taken once");
     }
 
     #[test]
     fn a_job_is_due_after_many_other_commands() {
+        let group = group();
         let mut settled = SettledWrites::default();
-        settled.add(1, vec![(key("a"), 1)], None);
+        settled.add(1);
+        settled.client(client("a"), 1);
         for _ in 1..MAX_COMMANDS_PER_JOB {
             assert!(!settled.due(false));
         }
@@ -169,8 +222,8 @@ mod tests {
             settled.due(false),
             "a flood of other commands cannot hold it back"
         );
-        assert!(settled.take().is_some());
-        settled.add(2, vec![(key("a"), 2)], None);
+        assert!(settled.take(&group).is_some());
+        settled.add(2);
         assert!(
             !settled.due(false),
             "the count starts again with the next job"
@@ -182,7 +235,8 @@ mod tests {
         let mut settled = SettledWrites::default();
         for token in 0..MAX_SETTLED_PER_JOB as u64 {
             assert!(!settled.due(false));
-            settled.add(token, vec![(key("a"), token as i64)], None);
+            settled.add(token);
+            settled.client(client("a"), token as i64);
         }
         assert!(settled.due(false));
     }
