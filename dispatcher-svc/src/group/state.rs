@@ -235,3 +235,28 @@ impl Delivery {
         }
     }
 }
+
+#[cfg(test)]
+impl Delivery {
+    /// A ready delivery numbered `seq`, of offset `seq` in partition 0 (for tests).
+    pub fn numbered(seq: u64) -> Self {
+        let id = DeliveryId {
+            epoch: 1,
+            group: 1,
+            seq,
+        };
+        let record = PulledRecord {
+            offset: seq as i64,
+            ..PulledRecord::default()
+        };
+        let partition = PartitionId::number(0);
+        Delivery::new(
+            id,
+            partition,
+            true,
+            record,
+            Charge::default(),
+            Instant::now(),
+        )
+    }
+}

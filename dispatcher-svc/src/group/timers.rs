@@ -105,27 +105,10 @@ mod tests {
     use std::collections::HashMap;
     use std::time::Duration;
 
-    use eventmesh_common::keys::PartitionId;
-    use eventmesh_proto::puller::PulledRecord;
-
     use super::*;
-    use crate::budget::Charge;
-    use crate::delivery_id::DeliveryId;
 
     fn delivery(seq: u64) -> Delivery {
-        let id = DeliveryId {
-            epoch: 1,
-            group: 1,
-            seq,
-        };
-        Delivery::new(
-            id,
-            PartitionId::new("0").unwrap(),
-            true,
-            PulledRecord::default(),
-            Charge::default(),
-            Instant::now(),
-        )
+        Delivery::numbered(seq)
     }
 
     /// Fires what is due at `now` as the group does: an entry acts only if it is still its

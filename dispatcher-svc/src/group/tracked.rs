@@ -182,33 +182,10 @@ impl Tracked {
 mod tests {
     #![allow(clippy::unwrap_used)]
 
-    use std::time::Instant;
-
-    use eventmesh_common::keys::PartitionId;
-    use eventmesh_proto::puller::PulledRecord;
-
     use super::*;
-    use crate::budget::Charge;
-    use crate::delivery_id::DeliveryId;
 
     fn delivery(seq: u64) -> Delivery {
-        let id = DeliveryId {
-            epoch: 1,
-            group: 1,
-            seq,
-        };
-        let record = PulledRecord {
-            offset: seq as i64,
-            ..Default::default()
-        };
-        Delivery::new(
-            id,
-            PartitionId::new("0").unwrap(),
-            true,
-            record,
-            Charge::default(),
-            Instant::now(),
-        )
+        Delivery::numbered(seq)
     }
 
     fn offset_of(tracked: &Tracked, seq: u64) -> Option<i64> {
