@@ -187,6 +187,16 @@ impl Group {
         }
     }
 
+    /// Returns the budget of the deliveries retired since the last call, in one release: a
+    /// release takes the topic budget's locks and may wake the pull loop, so it is done once
+    /// per wake-up of the actor, not once per delivery.
+    pub(super) fn release_retired(&mut self) {
+        let charge = std::mem::take(&mut self.retired_charge);
+        if charge != Charge::default() {
+            self.budget.release(&self.label, charge);
+        }
+    }
+
     /// Forgets a delivery without answering or forwarding anything; returns its budget.
     pub(super) fn drop_unanswered(&mut self, seq: u64) {
         if let Some(delivery) = self.deliveries.remove(seq) {
@@ -198,7 +208,8 @@ impl Group {
         let Some(delivery) = self.deliveries.remove(seq) else {
             return;
         };
-        self.budget.release(&self.label, delivery.charge);
+        self.retired_charge.records += delivery.charge.records;
+        self.retired_charge.kib += delivery.charge.kib;
         if let Some(acked_at) = delivery.acked_at {
             self.ack_latency
                 .observe(self.woke_at.saturating_duration_since(acked_at));

@@ -325,6 +325,8 @@ pub(crate) struct Group {
     writes_healthy: bool,
     /// Settled deliveries waiting to be handed to the writer as one job.
     settled: settling::SettledWrites,
+    /// Budget of the deliveries retired in this wake-up, returned at its end.
+    retired_charge: Charge,
     ended: watch::Sender<bool>,
 }
 
@@ -434,6 +436,7 @@ pub(crate) fn spawn(shared: Arc<Shared>, init: GroupInit) -> Started {
         woke_at: Instant::now(),
         writes_healthy,
         settled: settling::SettledWrites::default(),
+        retired_charge: Charge::default(),
         ended,
     };
     tokio::spawn(group.run(cmd_rx));
@@ -552,6 +555,7 @@ impl Group {
             if !go_on {
                 break;
             }
+            self.release_retired();
             if self.pump_due {
                 self.pump_now();
             }
@@ -567,6 +571,7 @@ impl Group {
                 break;
             }
         }
+        self.release_retired();
         self.outbox.flush();
         self.flush_settled();
         self.flush_watermarks();
