@@ -2,7 +2,8 @@
 //! taking them or leaves.
 //!
 //! * [`Group::pump`] hands ready deliveries round robin to sessions with spare in-flight
-//!   capacity that are not stalled.
+//!   capacity that are not stalled, in runs of consecutive ones (an even share of what is
+//!   ready, at most [`MAX_RUN`]).
 //! * A delivery is **assigned** until the session's stream takes it (the ACK clock starts only
 //!   then, [`Group::written`]). A session that has deliveries its stream has not taken, and took
 //!   none for the assignment timeout (a client that holds its stream and never reads), is
@@ -22,6 +23,9 @@ use tokio::sync::mpsc;
 use super::{DeliveryState, Group, GroupCmd, Outbound, Retry, Sending, SessionSlot};
 use crate::crash::{CrashPoint, crash_point};
 use crate::responses::MAX_BATCH_ITEMS;
+
+/// Most consecutive ready deliveries one session gets before the next session's turn.
+const MAX_RUN: usize = 64;
 
 impl Group {
     /// Asks for a pass handing ready deliveries to sessions ([`Group::pump_now`]), made once at
@@ -56,11 +60,43 @@ impl Group {
     }
 
     /// Assigns ready deliveries round robin to sessions with credit, adding each to its
-    /// session's entry of `outgoing`.
+    /// session's entry of `outgoing`. Each session in turn gets a run of consecutive ones —
+    /// an even share of what is ready when the pass starts, at most [`MAX_RUN`] — rather
+    /// than one each: its ACKs
+    /// then name neighbouring deliveries (settled near each other, most often in offset
+    /// order) and each message carries a run, while a few ready deliveries are still shared
+    /// evenly (ten over two sessions: five each).
     fn assign_ready(&mut self, outgoing: &mut [VecDeque<Sending>]) {
-        while !self.sessions.is_empty() {
+        // Sessions in a row that took nothing (full or stalled): all of them, and the pass ends.
+        let mut took_nothing = 0;
+        let count = self.sessions.len();
+        let run = self.ready.len().div_ceil(count.max(1)).clamp(1, MAX_RUN);
+        while count > 0 && !self.ready.is_empty() {
+            let index = self.next_session % count;
+            self.next_session = (index + 1) % count;
+            if self.assign_run(index, run, outgoing) > 0 {
+                took_nothing = 0;
+            } else {
+                took_nothing += 1;
+                if took_nothing >= count {
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Assigns up to `run` ready deliveries to the session at `index`, as long as it has
+    /// credit; returns how many it got.
+    fn assign_run(
+        &mut self,
+        index: usize,
+        run: usize,
+        outgoing: &mut [VecDeque<Sending>],
+    ) -> usize {
+        let mut given = 0;
+        while given < run {
             let Some(&seq) = self.ready.front() else {
-                return;
+                break;
             };
             let still_ready = self
                 .deliveries
@@ -70,18 +106,13 @@ impl Group {
                 self.ready.pop_front();
                 continue;
             }
-            let count = self.sessions.len();
-            // Taking the credit is what finds a session with room; one found empty wakes
-            // this shard when another shard gives a credit of it back.
-            let shard = self.shard;
-            let Some(index) = (0..count)
-                .map(|i| (self.next_session + i) % count)
-                .find(|i| self.sessions[*i].take_credit(shard))
-            else {
-                return; // every session is full or stalled
-            };
+            // Taking the credit is what finds room; a session found empty wakes this shard
+            // when another shard gives a credit of it back.
+            if !self.sessions[index].take_credit(self.shard) {
+                break;
+            }
             self.ready.pop_front();
-            self.next_session = (index + 1) % count;
+            given += 1;
             let slot = &mut self.sessions[index];
             let Some(delivery) = self.deliveries.get_mut(seq) else {
                 continue;
@@ -108,6 +139,7 @@ impl Group {
                 send_deliveries(&self.sessions[index], &mut outgoing[index], &self.cmd_tx);
             }
         }
+        given
     }
 
     /// A session's stream took deliveries (at `at`): their ACK clocks start, and the session

@@ -153,6 +153,60 @@ async fn a_wake_up_sends_a_session_one_message_of_deliveries_and_one_of_answers(
 
 /// One group shard (topic `race`, group `g`, partition 0 from its start) whose offset
 /// store and puller are unreachable: an ACKed delivery stays in its offset write.
+/// Sessions of a group get runs of consecutive deliveries in turn — an even share of what is
+/// ready, at most `MAX_RUN` (64) — not one delivery each: a few are still shared evenly, and
+/// many go out as runs each session's ACKs settle together.
+#[tokio::test]
+async fn sessions_take_turns_at_runs_of_consecutive_deliveries() {
+    let group = test_group(DeliverySettings::default());
+    let (commands, budget, label) = (&group.commands, &group.budget, group.key.label());
+    let (_a, mut to_a) = join(commands, 1, 1000).await;
+    let (_b, mut to_b) = join(commands, 2, 1000).await;
+    let offsets = |sent: &[Sending]| sent.iter().map(|s| s.offset).collect::<Vec<_>>();
+    // Ten ready, two sessions: five consecutive each.
+    let pull = |first, count, charge| {
+        let batch = batch_of(first, count);
+        commands.send(GroupCmd::Pulled { batch, charge }).unwrap();
+    };
+    pull(0, 10, budget.reserve(&label, 10, 10).await);
+    let mut first = [
+        next_deliveries(&mut to_a).await,
+        next_deliveries(&mut to_b).await,
+    ];
+    first.sort_by_key(|sent| sent[0].offset);
+    assert_eq!(offsets(&first[0]), [0, 1, 2, 3, 4]);
+    assert_eq!(offsets(&first[1]), [5, 6, 7, 8, 9]);
+    // Three hundred ready: runs of 64 in turn, whoever starts.
+    pull(10, 300, budget.reserve(&label, 300, 300).await);
+    // One pass hands out all 300 (the credits reach): 64, 64, 64, 64, 44 in turns.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let mut got = vec![Vec::new(), Vec::new()];
+    for (session, outbound) in got.iter_mut().zip([&mut to_a, &mut to_b]) {
+        while let Ok(message) = outbound.try_recv() {
+            if let Outbound::Deliveries { batch, .. } = message {
+                session.extend(batch.iter().map(|s| s.offset));
+            }
+        }
+    }
+    for session in &got {
+        let runs: Vec<&[i64]> = session
+            .chunk_by(|before, after| after == &(before + 1))
+            .collect();
+        assert!(
+            runs.iter().all(|run| run.len() <= 64),
+            "runs of at most 64: {runs:?}"
+        );
+        assert!(
+            runs.iter().filter(|run| run.len() == 64).count() >= 2,
+            "mostly whole runs: {runs:?}"
+        );
+    }
+    let mut all: Vec<i64> = got.concat();
+    all.sort_unstable();
+    assert_eq!(all, (10..310).collect::<Vec<_>>(), "each once, none lost");
+    group.shutdown.cancel();
+}
+
 struct TestGroup {
     shutdown: CancellationToken,
     key: GroupKey,
