@@ -25,7 +25,7 @@ use crate::crash::{CrashPoint, crash_point};
 use crate::responses::MAX_BATCH_ITEMS;
 
 /// Most consecutive ready deliveries one session gets before the next session's turn.
-const MAX_RUN: usize = 64;
+pub(super) const MAX_RUN: usize = 256;
 
 impl Group {
     /// Asks for a pass handing ready deliveries to sessions ([`Group::pump_now`]), made once at

@@ -151,11 +151,9 @@ async fn a_wake_up_sends_a_session_one_message_of_deliveries_and_one_of_answers(
     shutdown.cancel();
 }
 
-/// One group shard (topic `race`, group `g`, partition 0 from its start) whose offset
-/// store and puller are unreachable: an ACKed delivery stays in its offset write.
 /// Sessions of a group get runs of consecutive deliveries in turn — an even share of what is
-/// ready, at most `MAX_RUN` (64) — not one delivery each: a few are still shared evenly, and
-/// many go out as runs each session's ACKs settle together.
+/// ready, at most `MAX_RUN` — not one delivery each: a few are still shared evenly, and many
+/// go out as runs each session's ACKs settle together.
 #[tokio::test]
 async fn sessions_take_turns_at_runs_of_consecutive_deliveries() {
     let group = test_group(DeliverySettings::default());
@@ -176,9 +174,15 @@ async fn sessions_take_turns_at_runs_of_consecutive_deliveries() {
     first.sort_by_key(|sent| sent[0].offset);
     assert_eq!(offsets(&first[0]), [0, 1, 2, 3, 4]);
     assert_eq!(offsets(&first[1]), [5, 6, 7, 8, 9]);
-    // Three hundred ready: runs of 64 in turn, whoever starts.
-    pull(10, 300, budget.reserve(&label, 300, 300).await);
-    // One pass hands out all 300 (the credits reach): 64, 64, 64, 64, 44 in turns.
+    // More ready than two whole runs each: runs of `MAX_RUN` in turn, whoever starts.
+    let max_run = super::sessions::MAX_RUN;
+    let many = 3 * max_run as i64 + 44;
+    pull(
+        10,
+        many,
+        budget.reserve(&label, many as u32, many as u32).await,
+    );
+    // One pass hands out all of them (the credits reach).
     tokio::time::sleep(Duration::from_millis(200)).await;
     let mut got = vec![Vec::new(), Vec::new()];
     for (session, outbound) in got.iter_mut().zip([&mut to_a, &mut to_b]) {
@@ -193,20 +197,26 @@ async fn sessions_take_turns_at_runs_of_consecutive_deliveries() {
             .chunk_by(|before, after| after == &(before + 1))
             .collect();
         assert!(
-            runs.iter().all(|run| run.len() <= 64),
-            "runs of at most 64: {runs:?}"
+            runs.iter().all(|run| run.len() <= max_run),
+            "runs of at most {max_run}: {runs:?}"
         );
         assert!(
-            runs.iter().filter(|run| run.len() == 64).count() >= 2,
-            "mostly whole runs: {runs:?}"
+            runs.iter().any(|run| run.len() == max_run),
+            "whole runs: {runs:?}"
         );
     }
     let mut all: Vec<i64> = got.concat();
     all.sort_unstable();
-    assert_eq!(all, (10..310).collect::<Vec<_>>(), "each once, none lost");
+    assert_eq!(
+        all,
+        (10..10 + many).collect::<Vec<_>>(),
+        "each once, none lost"
+    );
     group.shutdown.cancel();
 }
 
+/// One group shard (topic `race`, group `g`, partition 0 from its start) whose offset
+/// store and puller are unreachable: an ACKed delivery stays in its offset write.
 struct TestGroup {
     shutdown: CancellationToken,
     key: GroupKey,
