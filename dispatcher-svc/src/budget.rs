@@ -34,6 +34,13 @@ pub struct Charge {
     pub kib: u32,
 }
 
+impl std::ops::AddAssign for Charge {
+    fn add_assign(&mut self, other: Charge) {
+        self.records += other.records;
+        self.kib += other.kib;
+    }
+}
+
 /// One topic's buffer budget, shared by its groups.
 #[derive(Debug)]
 pub struct TopicBudget {
@@ -236,8 +243,7 @@ impl TopicBudget {
             return;
         };
         if add {
-            slot.charge.records += charge.records;
-            slot.charge.kib += charge.kib;
+            slot.charge += charge;
         } else {
             slot.charge.records = slot.charge.records.saturating_sub(charge.records);
             slot.charge.kib = slot.charge.kib.saturating_sub(charge.kib);
@@ -374,8 +380,7 @@ mod tests {
                     .await;
             match got {
                 Ok(charge) => {
-                    stuck.records += charge.records;
-                    stuck.kib += charge.kib;
+                    stuck += charge;
                 }
                 Err(_) => break, // its share is spent: it waits
             }

@@ -89,22 +89,6 @@ impl Group {
         });
     }
 
-    fn cursor_key(&self, partition: &PartitionId) -> OffsetKey {
-        OffsetKey::new(
-            self.key.topic.clone(),
-            OffsetClient::MqCursor(self.key.group.clone()),
-            partition.clone(),
-        )
-    }
-
-    fn lost_key(&self, partition: &PartitionId) -> OffsetKey {
-        OffsetKey::new(
-            self.key.topic.clone(),
-            OffsetClient::MqLost(self.key.group.clone()),
-            partition.clone(),
-        )
-    }
-
     pub(super) fn write_notice(
         &mut self,
         tokens: Vec<u64>,
@@ -208,8 +192,7 @@ impl Group {
         let Some(delivery) = self.deliveries.remove(seq) else {
             return;
         };
-        self.retired_charge.records += delivery.charge.records;
-        self.retired_charge.kib += delivery.charge.kib;
+        self.retired_charge += delivery.charge;
         if let Some(acked_at) = delivery.acked_at {
             self.ack_latency
                 .observe(self.woke_at.saturating_duration_since(acked_at));
@@ -242,10 +225,10 @@ impl Group {
                 let lost = track.passed_losses(watermark);
                 // One job per partition, so its notice names the watermark it stored; the
                 // writer merges them into one call anyway.
-                let mut entries = vec![(self.cursor_key(&partition), watermark)];
-                if let Some(total) = lost {
-                    entries.push((self.lost_key(&partition), total));
-                }
+                let entries = self
+                    .key
+                    .watermark_entries(&partition, watermark, lost)
+                    .collect();
                 self.submit(
                     Vec::new(),
                     entries,

@@ -49,7 +49,7 @@ use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use eventmesh_common::keys::{ClientId, OffsetClient, OffsetKey, PartitionId};
+use eventmesh_common::keys::{ClientId, OffsetKey, PartitionId};
 use eventmesh_common::probe::{self, Stage};
 use eventmesh_common::trace_context::{Operation, SpanContext};
 use eventmesh_proto::DRAINING_METADATA;

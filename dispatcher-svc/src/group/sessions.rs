@@ -62,10 +62,9 @@ impl Group {
     /// Assigns ready deliveries round robin to sessions with credit, adding each to its
     /// session's entry of `outgoing`. Each session in turn gets a run of consecutive ones —
     /// an even share of what is ready when the pass starts, at most [`MAX_RUN`] — rather
-    /// than one each: its ACKs
-    /// then name neighbouring deliveries (settled near each other, most often in offset
-    /// order) and each message carries a run, while a few ready deliveries are still shared
-    /// evenly (ten over two sessions: five each).
+    /// than one each: its ACKs then name neighbouring deliveries (settled near each other,
+    /// most often in offset order) and each message carries a run, while a few ready
+    /// deliveries are still shared evenly (ten over two sessions: five each).
     fn assign_ready(&mut self, outgoing: &mut [VecDeque<Sending>]) {
         // Sessions in a row that took nothing (full or stalled): all of them, and the pass ends.
         let mut took_nothing = 0;

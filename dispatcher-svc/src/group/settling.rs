@@ -111,26 +111,15 @@ impl SettledWrites {
             return None;
         }
         self.commands_since_first = 0;
-        let key = |client, partition: &PartitionId| {
-            OffsetKey::new(group.topic.clone(), client, partition.clone())
-        };
         let mut entries = Vec::with_capacity(self.cursors.len() + self.clients.len());
         let mut cursors = Vec::with_capacity(self.cursors.len());
         for (partition, (watermark, lost)) in self.cursors.drain() {
-            entries.push((
-                key(OffsetClient::MqCursor(group.group.clone()), &partition),
-                watermark,
-            ));
-            if let Some(lost) = lost {
-                entries.push((
-                    key(OffsetClient::MqLost(group.group.clone()), &partition),
-                    lost,
-                ));
-            }
+            entries.extend(group.watermark_entries(&partition, watermark, lost));
             cursors.push((partition, watermark));
         }
         for ((client, partition), watermark) in self.clients.drain() {
-            entries.push((key(OffsetClient::Client(client), &partition), watermark));
+            let key = OffsetKey::new(group.topic.clone(), OffsetClient::Client(client), partition);
+            entries.push((key, watermark));
         }
         Some(SettledJob {
             tokens: std::mem::take(&mut self.tokens),

@@ -38,7 +38,7 @@ use std::time::Duration;
 
 use eventmesh_common::grpc;
 use eventmesh_common::grpc::InternalChannel;
-use eventmesh_common::keys::{GroupName, OffsetClient, PartitionId, Topic};
+use eventmesh_common::keys::{GroupName, OffsetClient, OffsetKey, PartitionId, Topic};
 use eventmesh_common::shutdown::CancellationToken;
 use eventmesh_proto::client::StartPosition;
 use eventmesh_proto::offset::offset_service_client::OffsetServiceClient;
@@ -89,6 +89,21 @@ impl GroupKey {
         self.group
             .as_ref()
             .map_or_else(|| "(default)".to_owned(), ToString::to_string)
+    }
+
+    /// What the offset store keeps when the group's watermark in `partition` is `watermark`:
+    /// its `__mqcursor__` entry, and its `__mqlost__` entry when the lost-offset total it passes
+    /// grew to `lost`.
+    pub fn watermark_entries(
+        &self,
+        partition: &PartitionId,
+        watermark: i64,
+        lost: Option<i64>,
+    ) -> impl Iterator<Item = (OffsetKey, i64)> {
+        let key = |client| OffsetKey::new(self.topic.clone(), client, partition.clone());
+        let cursor = (key(OffsetClient::MqCursor(self.group.clone())), watermark);
+        let lost = lost.map(|total| (key(OffsetClient::MqLost(self.group.clone())), total));
+        std::iter::once(cursor).chain(lost)
     }
 
     /// The puller's reader of this group.
