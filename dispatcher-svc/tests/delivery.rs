@@ -735,3 +735,132 @@ fn bulky_event(id: String, payload: &Bytes) -> pb::Event {
         ..pb::Event::default()
     }
 }
+
+/// One delivery waits out a NACK delay while thousands of newer ones of the other partition are
+/// delivered, ACKed and retired, a few hundred at a time — past the span after which the
+/// group's ring of tracked deliveries moves it aside (4,096 sequence numbers): it still comes
+/// back when its delay ends, with the same id, its partition's stored watermark stays below it
+/// until it is ACKed, and then every covering ACK of that partition is answered DURABLE.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delivery_held_back_while_thousands_pass_it_comes_back_and_holds_its_partition() {
+    let instance = Instance::start(fast_settings()).await;
+    instance.create_topic("held", 2).await;
+    let mut client = instance.client().await;
+    let publish_one = |n: u64, key: String| pb::PublishRequest {
+        topic: "held".into(),
+        event: Some(event(n)),
+        key,
+    };
+    let held_at = client
+        .publish(publish_one(0, "held".into()))
+        .await
+        .unwrap()
+        .into_inner();
+    // A key of the other partition (probes that land beside the held one stay behind it).
+    let mut next = 1;
+    let other_key = loop {
+        let key = format!("other-{next}");
+        let at = client
+            .publish(publish_one(next, key.clone()))
+            .await
+            .unwrap();
+        next += 1;
+        if at.into_inner().partition != held_at.partition {
+            break key;
+        }
+    };
+    let mut session = subscribe(instance.dispatcher_addr(), open("app", "held", "", LB)).await;
+    let first = session.deliveries(next as usize, WAIT).await;
+    assert_eq!(first.len(), next as usize);
+    let held = first.iter().find(|d| number(d) == 0).unwrap().clone();
+    session.nack(&held.delivery_id, 15_000).await;
+    let others: Vec<&str> = first
+        .iter()
+        .filter(|d| number(d) != 0)
+        .map(|d| d.delivery_id.as_str())
+        .collect();
+    session.ack(&others).await;
+    // 6,000 more on the other partition, 500 at a time, each ACKed as it comes: what the
+    // group tracks stays small while the sequence numbers run far past the held one.
+    const PASSING: u64 = 6_000;
+    const CHUNK: u64 = 500;
+    let mut redelivered = None;
+    for first in (next..next + PASSING).step_by(CHUNK as usize) {
+        let entries = (first..first + CHUNK)
+            .map(|n| pb::PublishEntry {
+                event: Some(event(n)),
+                key: other_key.clone(),
+            })
+            .collect();
+        client
+            .publish_batch(pb::PublishBatchRequest {
+                topic: "held".into(),
+                entries,
+            })
+            .await
+            .unwrap();
+        let mut passed = 0;
+        while passed < CHUNK {
+            let got = session.deliveries(256, Duration::from_millis(200)).await;
+            let mut ids = Vec::new();
+            for delivery in got {
+                if number(&delivery) == 0 {
+                    redelivered = Some(delivery);
+                } else {
+                    assert_ne!(delivery.partition, held.partition);
+                    ids.push(delivery.delivery_id);
+                    passed += 1;
+                }
+            }
+            let ids: Vec<&str> = ids.iter().map(String::as_str).collect();
+            session.ack(&ids).await;
+        }
+    }
+    let other_partition = if held.partition == "0" { "1" } else { "0" };
+    wait_for(|| async {
+        instance
+            .stored("held", "__mqcursor__")
+            .await
+            .get(other_partition)
+            .copied()
+            >= Some(i64::try_from(PASSING).unwrap())
+    })
+    .await;
+    let before = instance.stored("held", "__mqcursor__").await;
+    assert!(
+        before.get(&held.partition).is_none_or(|&w| w < held.offset),
+        "the held delivery's partition stays below it: {before:?}"
+    );
+    // Its delay ends: the same id again, as its second attempt.
+    let again = match redelivered {
+        Some(delivery) => delivery,
+        None => session
+            .deliveries(1, Duration::from_secs(20))
+            .await
+            .into_iter()
+            .next()
+            .expect("the held delivery comes back once its delay ends"),
+    };
+    assert_eq!(again.delivery_id, held.delivery_id);
+    assert_eq!(again.attempt, 2);
+    session.ack(&[&again.delivery_id]).await;
+    let probes = others.len();
+    wait_for(|| async {
+        instance
+            .stored("held", "__mqcursor__")
+            .await
+            .get(&held.partition)
+            .copied()
+            >= Some(held.offset)
+    })
+    .await;
+    // Every ACK of the held partition is answered DURABLE now, the held one included.
+    // (One more answer: the NACK's.)
+    let acked = PASSING as usize + probes + 1;
+    let results = session.results(acked + 1, WAIT).await;
+    let durable = results
+        .iter()
+        .filter(|r| r.outcome() == AckOutcome::Durable)
+        .count();
+    assert_eq!(durable, acked, "{} answers", results.len());
+}
