@@ -82,8 +82,8 @@ pub struct BenchArgs {
     /// compare builds at one load).
     #[arg(long, conflicts_with = "half_load_share")]
     half_load_rate: Option<f64>,
-    /// Record a `perf` profile of each service during the first full-load run into the data
-    /// directory (kept).
+    /// Record a `perf` profile of each service and of this client during the first full-load
+    /// run into the data directory (kept).
     #[arg(long)]
     perf: bool,
     /// Each service's async worker threads, and this client's (0: a worker per core)
@@ -888,13 +888,13 @@ const CLOCK_TICKS: f64 = 100.0;
 
 fn start_perf(instance: &LocalInstance) -> anyhow::Result<Vec<tokio::process::Child>> {
     let mut children = Vec::new();
-    for service in Service::ALL {
-        let Some(pid) = instance.pid(service) else {
-            continue;
-        };
-        let out = instance
-            .data_dir()
-            .join(format!("perf-{}.data", service.binary()));
+    // Each service, and this process: the bench's consumers are the client side of the load.
+    let processes = Service::ALL
+        .iter()
+        .filter_map(|&service| Some((service.binary(), instance.pid(service)?)))
+        .chain([("emctl", std::process::id())]);
+    for (name, pid) in processes {
+        let out = instance.data_dir().join(format!("perf-{name}.data"));
         children.push(
             tokio::process::Command::new("perf")
                 .args(["record", "-F", "499", "-g", "-p", &pid.to_string(), "-o"])
