@@ -19,9 +19,16 @@
 //! round trip took 1.6 ms (p50) for a 60 µs store. On its own thread the steps wait only for
 //! the OS to give the thread a core.
 //!
+//! Batches go over one `WriteOffsetsStream` (a message each way per batch, instead of a
+//! call's headers, trailers and stream set-up on both sides), opened on first use and opened
+//! again after it broke; an answer not back within the dependency timeout counts as a failed
+//! write and the stream is dropped. A batch whose answer was lost is written again, which
+//! CAS-max makes harmless.
+//!
 //! A write covering traced deliveries runs inside a `commit <topic>` span linked to each of
 //! them (one write settles many events: it is no one event's child); its context goes to
-//! offset-svc with the call.
+//! offset-svc with the call, so such a write (rare: sampled traces) is a `WriteOffsets` call
+//! of its own rather than a message of the stream.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -31,7 +38,9 @@ use eventmesh_common::keys::OffsetKey;
 use eventmesh_common::shutdown::CancellationToken;
 use eventmesh_common::trace_context::{Operation, SpanContext, links_span};
 use eventmesh_proto::offset::offset_service_client::OffsetServiceClient;
-use eventmesh_proto::offset::{OffsetEntry, WriteOffsetsRequest};
+use eventmesh_proto::offset::{
+    OffsetEntry, WriteOffsetsRequest, WriteOffsetsStreamRequest, WriteOffsetsStreamResponse,
+};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 use tonic::transport::Endpoint;
@@ -83,6 +92,7 @@ impl OffsetWriter {
     /// pulled again after a restart). The handle returned ends when the writer has.
     pub fn spawn(
         offset_svc: Endpoint,
+        call_timeout: Duration,
         window: Duration,
         sync: bool,
         shutdown: CancellationToken,
@@ -102,8 +112,12 @@ impl OffsetWriter {
             .spawn(move || {
                 runtime.block_on(async move {
                     // Connected here, so the channel's tasks run on this thread's runtime.
-                    let client = OffsetServiceClient::new(traced(offset_svc.connect_lazy()));
-                    run(client, rx, window, sync, health_tx, shutdown).await;
+                    let connection = Connection {
+                        client: OffsetServiceClient::new(traced(offset_svc.connect_lazy())),
+                        stream: None,
+                        call_timeout,
+                    };
+                    run(connection, rx, window, sync, health_tx, shutdown).await;
                 });
                 drop(ended);
             })?;
@@ -146,7 +160,7 @@ impl OffsetWriter {
 }
 
 async fn run(
-    mut client: OffsetServiceClient<InternalChannel>,
+    mut connection: Connection,
     mut rx: mpsc::UnboundedReceiver<WriteJob>,
     window: Duration,
     sync: bool,
@@ -178,7 +192,14 @@ async fn run(
         let entries = request.entries.len();
         let started = Instant::now();
         let span = traced_write_span(&queue);
-        match write_in_chunks(&mut client, request).instrument(span).await {
+        let written = if span.is_disabled() {
+            connection.write(request).await
+        } else {
+            write_in_chunks(&mut connection.client, request)
+                .instrument(span)
+                .await
+        };
+        match written {
             Ok(_) => {
                 metrics::histogram!("dispatcher_offset_write_seconds")
                     .record(started.elapsed().as_secs_f64());
@@ -225,6 +246,72 @@ fn traced_write_span(queue: &[Queued]) -> tracing::Span {
     let links = queue.iter().flat_map(|q| q.job.links.iter());
     let deliveries = queue.iter().map(|q| q.job.settles).sum();
     links_span(Operation::OFFSET_WRITE, topic, links, deliveries)
+}
+
+/// The writer's way to offset-svc.
+struct Connection {
+    client: OffsetServiceClient<InternalChannel>,
+    /// The open write stream, if any.
+    stream: Option<WriteStream>,
+    /// How long an answer may take.
+    call_timeout: Duration,
+}
+
+/// An open `WriteOffsetsStream`: requests go in one at a time, answers come back in order.
+struct WriteStream {
+    requests: mpsc::Sender<WriteOffsetsStreamRequest>,
+    answers: tonic::Streaming<WriteOffsetsStreamResponse>,
+}
+
+impl Connection {
+    /// Writes `request` over the stream (opened if need be; a batch past [`WRITE_CHUNK`] as
+    /// calls of its own). Any failure drops the stream: the next write opens a new one.
+    async fn write(&mut self, request: WriteOffsetsRequest) -> Result<(), tonic::Status> {
+        if request.entries.len() > WRITE_CHUNK {
+            return write_in_chunks(&mut self.client, request).await;
+        }
+        let written = tokio::time::timeout(self.call_timeout, self.write_streamed(request))
+            .await
+            .unwrap_or_else(|_| {
+                Err(tonic::Status::deadline_exceeded(format!(
+                    "no answer on the offset write stream within {:?}",
+                    self.call_timeout
+                )))
+            });
+        if written.is_err() {
+            self.stream = None;
+        }
+        written
+    }
+
+    async fn write_streamed(&mut self, request: WriteOffsetsRequest) -> Result<(), tonic::Status> {
+        let stream = match &mut self.stream {
+            Some(stream) => stream,
+            None => {
+                let (requests, queued) = mpsc::channel(1);
+                let answers = self
+                    .client
+                    .write_offsets_stream(tokio_stream::wrappers::ReceiverStream::new(queued))
+                    .await?
+                    .into_inner();
+                self.stream.insert(WriteStream { requests, answers })
+            }
+        };
+        let batch = WriteOffsetsStreamRequest {
+            batch: Some(request),
+        };
+        if stream.requests.send(batch).await.is_err() {
+            return Err(tonic::Status::unavailable(
+                "the offset write stream closed before the batch was sent",
+            ));
+        }
+        match stream.answers.message().await? {
+            Some(_) => Ok(()),
+            None => Err(tonic::Status::unavailable(
+                "offset-svc ended the write stream without answering the batch",
+            )),
+        }
+    }
 }
 
 /// Most entries per WriteOffsets call (offset-svc refuses more than 100,000); a merged batch
@@ -309,8 +396,14 @@ mod tests {
         let _inside = runtime.enter();
         let endpoint =
             eventmesh_common::grpc::internal_endpoint(&uri, Duration::from_secs(5)).unwrap();
-        let (writer, _task) =
-            OffsetWriter::spawn(endpoint, Duration::ZERO, false, CancellationToken::new()).unwrap();
+        let (writer, _task) = OffsetWriter::spawn(
+            endpoint,
+            Duration::from_secs(5),
+            Duration::ZERO,
+            false,
+            CancellationToken::new(),
+        )
+        .unwrap();
         let (told, notices) = std::sync::mpsc::channel();
         writer.submit(WriteJob {
             entries: vec![(

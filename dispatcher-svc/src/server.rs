@@ -125,6 +125,7 @@ pub async fn start(
     let workers = CancellationToken::new();
     let (writer, writer_task) = OffsetWriter::spawn(
         endpoint("offset_svc", &config.offset_svc, call_timeout)?,
+        call_timeout,
         window,
         config.delivery.sync_offsets,
         workers.clone(),

@@ -78,7 +78,9 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> Result<Runnin
     )
     .map_err(|_| Error::Internal("reflection descriptors do not load"))?;
     let service = OffsetServiceServer::new(
-        OffsetGrpc::new(Arc::clone(&store)).with_forced_sync(config.sync_writes),
+        OffsetGrpc::new(Arc::clone(&store))
+            .with_forced_sync(config.sync_writes)
+            .with_shutdown(shutdown.clone()),
     )
     .max_decoding_message_size(MAX_MESSAGE_BYTES)
     .max_encoding_message_size(MAX_MESSAGE_BYTES);

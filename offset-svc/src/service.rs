@@ -6,6 +6,10 @@
 //! but for a write without fsync that waits for nothing, done in place
 //! ([`OffsetStore::write_batch_without_waiting`]).
 //!
+//! `WriteOffsetsStream` applies each batch of the stream as one `WriteOffsets` call and
+//! answers in order; a failed batch ends the stream with that call's error, and so does
+//! shutdown (UNAVAILABLE), so a drain never waits for a writer's open stream.
+//!
 //! Metrics (Prometheus, when the binary installed the exporter):
 //! * `eventmesh_offset_write_batches_total{result="ok"|"invalid"|"error"}`
 //! * `eventmesh_offset_write_entries_total`, `eventmesh_offset_write_advanced_total`
@@ -17,13 +21,21 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use eventmesh_common::keys::{KeyError, OffsetClient, OffsetKey, PartitionId, Topic};
+use eventmesh_common::shutdown::CancellationToken;
 use eventmesh_common::status::FieldError;
 use eventmesh_proto::offset::{self as pb, offset_service_server::OffsetService};
-use tonic::{Request, Response, Status};
+use tonic::{Request, Response, Status, Streaming};
 use tracing::instrument;
 
 use crate::error::Error;
 use crate::store::{OffsetStore, Selector};
+
+/// The answers of a WriteOffsetsStream call.
+pub type WriteStream = std::pin::Pin<
+    Box<
+        dyn futures::Stream<Item = Result<pb::WriteOffsetsStreamResponse, Status>> + Send + 'static,
+    >,
+>;
 
 /// Most entries accepted in one WriteOffsets call.
 pub const MAX_BATCH_ENTRIES: usize = 100_000;
@@ -33,6 +45,7 @@ pub const MAX_BATCH_ENTRIES: usize = 100_000;
 pub struct OffsetGrpc {
     store: Arc<dyn OffsetStore>,
     force_sync: bool,
+    shutdown: CancellationToken,
 }
 
 impl OffsetGrpc {
@@ -41,6 +54,7 @@ impl OffsetGrpc {
         OffsetGrpc {
             store,
             force_sync: false,
+            shutdown: CancellationToken::new(),
         }
     }
 
@@ -48,6 +62,28 @@ impl OffsetGrpc {
     pub fn with_forced_sync(mut self, force_sync: bool) -> Self {
         self.force_sync = force_sync;
         self
+    }
+
+    /// Ends open write streams (UNAVAILABLE) once `shutdown` is cancelled, so a drain does not
+    /// wait for a writer that never closes its stream.
+    pub fn with_shutdown(mut self, shutdown: CancellationToken) -> Self {
+        self.shutdown = shutdown;
+        self
+    }
+
+    /// One WriteOffsets batch, counted in `eventmesh_offset_write_batches_total`.
+    async fn write_counted(
+        &self,
+        request: pb::WriteOffsetsRequest,
+    ) -> Result<pb::WriteOffsetsResponse, Status> {
+        let result = self.write_offsets_inner(request).await;
+        let label = match &result {
+            Ok(_) => "ok",
+            Err(status) if status.code() == tonic::Code::InvalidArgument => "invalid",
+            Err(_) => "error",
+        };
+        metrics::counter!("eventmesh_offset_write_batches_total", "result" => label).increment(1);
+        result
     }
 
     async fn blocking<T, F>(&self, work: F) -> Result<T, Status>
@@ -206,15 +242,48 @@ impl OffsetService for OffsetGrpc {
         &self,
         request: Request<pb::WriteOffsetsRequest>,
     ) -> Result<Response<pb::WriteOffsetsResponse>, Status> {
-        let request = request.into_inner();
-        let result = self.write_offsets_inner(request).await;
-        let label = match &result {
-            Ok(_) => "ok",
-            Err(status) if status.code() == tonic::Code::InvalidArgument => "invalid",
-            Err(_) => "error",
-        };
-        metrics::counter!("eventmesh_offset_write_batches_total", "result" => label).increment(1);
-        result.map(Response::new)
+        self.write_counted(request.into_inner())
+            .await
+            .map(Response::new)
+    }
+
+    type WriteOffsetsStreamStream = WriteStream;
+
+    #[instrument(skip_all)]
+    async fn write_offsets_stream(
+        &self,
+        request: Request<Streaming<pb::WriteOffsetsStreamRequest>>,
+    ) -> Result<Response<Self::WriteOffsetsStreamStream>, Status> {
+        let state = Some((self.clone(), request.into_inner()));
+        let answers = futures::stream::unfold(state, |state| async move {
+            let (service, mut requests) = state?;
+            let next = tokio::select! {
+                next = requests.message() => next,
+                () = service.shutdown.cancelled() => {
+                    return Some((Err(Status::unavailable("offset-svc is shutting down")), None));
+                }
+            };
+            let batch = match next {
+                Ok(Some(pb::WriteOffsetsStreamRequest { batch: Some(batch) })) => batch,
+                Ok(Some(_)) => {
+                    let missing = Status::invalid_argument("batch: missing");
+                    return Some((Err(missing), None));
+                }
+                // The writer closed its side: the stream ends.
+                Ok(None) => return None,
+                Err(status) => return Some((Err(status), None)),
+            };
+            match service.write_counted(batch).await {
+                Ok(answer) => {
+                    let answer = pb::WriteOffsetsStreamResponse {
+                        answer: Some(answer),
+                    };
+                    Some((Ok(answer), Some((service, requests))))
+                }
+                Err(status) => Some((Err(status), None)),
+            }
+        });
+        Ok(Response::new(Box::pin(answers)))
     }
 
     #[instrument(skip_all)]

@@ -10,6 +10,7 @@ use eventmesh_proto::offset::offset_service_client::OffsetServiceClient;
 use eventmesh_proto::offset::{
     DeleteOffsetsRequest, ListTopicsRequest, OffsetEntry, OffsetKey, OffsetSelector,
     ReadOffsetRequest, ReadTopicOffsetsRequest, ResetOffsetsRequest, WriteOffsetsRequest,
+    WriteOffsetsStreamRequest, WriteOffsetsStreamResponse,
 };
 use offset_svc::config::{Config, StoreKind};
 use offset_svc::server::{RunningServer, start};
@@ -401,4 +402,121 @@ async fn graceful_shutdown_flushes_and_a_restart_serves_the_data() {
     );
     server.shutdown();
     server.wait().await.unwrap();
+}
+
+/// WriteOffsetsStream: batch after batch answered in order, each as a WriteOffsets call
+/// would be; a bad batch (or a message without one) ends the stream with INVALID_ARGUMENT
+/// naming the field and nothing of it applied; a shutdown ends an open stream UNAVAILABLE at once (the drain does not wait
+/// for a writer that keeps its stream open), and what was answered survives the restart.
+#[tokio::test]
+async fn a_write_stream_answers_batch_after_batch_and_ends_on_bad_input_or_shutdown() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = Config {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        data_dir: dir.path().to_owned(),
+        store: StoreKind::Rocksdb,
+        shutdown_timeout_secs: 600,
+        ..Config::default()
+    };
+    let server = start(config.clone(), CancellationToken::new())
+        .await
+        .unwrap();
+    let mut client = OffsetServiceClient::new(server.channel().await.unwrap());
+    let (batches, mut answers) = open_write_stream(&mut client).await;
+    let mut highest = 0;
+    for offset in [5, 3, 9] {
+        batches
+            .send(batch(WriteOffsetsRequest {
+                entries: vec![
+                    entry("t", "c", "0", offset),
+                    entry("t", "c", "1", offset + 1),
+                ],
+                sync: false,
+            }))
+            .await
+            .unwrap();
+        let answer = answers.message().await.unwrap().unwrap().answer.unwrap();
+        let results: Vec<_> = answer
+            .results
+            .iter()
+            .map(|r| (r.stored, r.advanced))
+            .collect();
+        let advanced = offset > highest;
+        highest = highest.max(offset);
+        assert_eq!(results, [(highest, advanced), (highest + 1, advanced)]);
+    }
+    batches
+        .send(batch(WriteOffsetsRequest {
+            entries: vec![entry("t", "c", "0", 20), entry("t#x", "c", "0", 1)],
+            sync: false,
+        }))
+        .await
+        .unwrap();
+    let status = answers.message().await.unwrap_err();
+    assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+    assert!(
+        status.message().contains("entries[1].key.topic"),
+        "{}",
+        status.message()
+    );
+    assert_eq!(read(&mut client, pkey("t", "c", "0")).await, 9);
+
+    let (batches, mut answers) = open_write_stream(&mut client).await;
+    batches
+        .send(WriteOffsetsStreamRequest { batch: None })
+        .await
+        .unwrap();
+    let status = answers.message().await.unwrap_err();
+    assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+    assert_eq!(status.message(), "batch: missing");
+
+    let (batches, mut answers) = open_write_stream(&mut client).await;
+    batches
+        .send(batch(WriteOffsetsRequest {
+            entries: vec![entry("t", "c", "0", 11)],
+            sync: false,
+        }))
+        .await
+        .unwrap();
+    let answer = answers.message().await.unwrap().unwrap().answer.unwrap();
+    assert_eq!(answer.results[0].stored, 11);
+    server.shutdown();
+    let within = std::time::Duration::from_secs(60);
+    let status = tokio::time::timeout(within, answers.message())
+        .await
+        .expect("the open stream is ended by the shutdown")
+        .unwrap_err();
+    assert_eq!(status.code(), Code::Unavailable, "{status:?}");
+    tokio::time::timeout(within, server.wait())
+        .await
+        .expect("the drain does not wait for the open stream")
+        .unwrap();
+    drop(batches);
+
+    let server = start(config, CancellationToken::new()).await.unwrap();
+    let mut client = OffsetServiceClient::new(server.channel().await.unwrap());
+    assert_eq!(read(&mut client, pkey("t", "c", "0")).await, 11);
+    assert_eq!(read(&mut client, pkey("t", "c", "1")).await, 10);
+    server.shutdown();
+    server.wait().await.unwrap();
+}
+
+fn batch(batch: WriteOffsetsRequest) -> WriteOffsetsStreamRequest {
+    WriteOffsetsStreamRequest { batch: Some(batch) }
+}
+
+/// A new WriteOffsetsStream: where its batches go in, and its answers.
+async fn open_write_stream(
+    client: &mut OffsetServiceClient<Channel>,
+) -> (
+    tokio::sync::mpsc::Sender<WriteOffsetsStreamRequest>,
+    tonic::Streaming<WriteOffsetsStreamResponse>,
+) {
+    let (batches, queued) = tokio::sync::mpsc::channel(1);
+    let answers = client
+        .write_offsets_stream(tokio_stream::wrappers::ReceiverStream::new(queued))
+        .await
+        .unwrap()
+        .into_inner();
+    (batches, answers)
 }

@@ -229,6 +229,7 @@ fn test_group(settings: DeliverySettings) -> TestGroup {
     let shutdown = CancellationToken::new();
     let (writer, _writer_task) = OffsetWriter::spawn(
         eventmesh_common::grpc::internal_endpoint(&nowhere_uri(), Duration::from_secs(5)).unwrap(),
+        Duration::from_secs(5),
         Duration::from_millis(1),
         false,
         shutdown.clone(),
