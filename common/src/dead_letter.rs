@@ -1,7 +1,7 @@
 //! The dead-letter envelope (DESIGN §10): what `<topic>_DLQ` holds.
 //!
 //! An envelope is an EventMeshFrame whose data is the original MQ body, byte for byte (the
-//! stamped frame, or a foreign or broken body), and whose attributes say why and from where:
+//! frame as pulled — as stored, or stamped —, or a foreign or broken body), and whose attributes say why and from where:
 //! `emdlqreason`, `emdlqattempts`, `emdlqgroup` (empty for the topic's default group),
 //! `emdlqtopic`, `emdlqpartition`, `emdlqoffset`. It is encoded with [`ENVELOPE_LIMITS`], which
 //! exceed the user limits by the envelope's own overhead, so any event — even one at the frame

@@ -219,6 +219,9 @@ async fn run(
             max_wait_ms: PULL_WAIT_MS,
             generation: positions.generation,
             positions: positions.request(),
+            // Deliveries carry the partition and offset in fields of their own (the stamps
+            // would be skipped anyway): our frames come as stored, not copied to stamp them.
+            bare_frames: true,
         };
         let mut pulled = match puller.pull(request).await {
             Ok(response) => response.into_inner(),

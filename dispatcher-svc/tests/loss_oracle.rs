@@ -150,6 +150,7 @@ impl World {
                 let limits = PollLimits {
                     max_records: usize::from(max),
                     max_bytes: usize::MAX,
+                    ..PollLimits::default()
                 };
                 let batch = self
                     .storage

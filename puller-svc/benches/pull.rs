@@ -283,6 +283,7 @@ fn local_runs(dir: &Path, n: usize, size: usize, runtime: &tokio::runtime::Runti
                     PollLimits {
                         max_records: 1_000,
                         max_bytes: usize::MAX,
+                        ..PollLimits::default()
                     },
                 )
                 .await

@@ -53,6 +53,17 @@ pub enum BodyKind {
     MalformedFrame,
 }
 
+/// Which records [`ingest`] stamps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stamping {
+    /// Every record (what a reader of the frames alone needs).
+    Every,
+    /// Every record but our own frames with an id, which are handed on exactly as stored
+    /// (uncopied; stamps a producer left in one stay as they are): for a caller that takes a
+    /// record's place from the record (`PullRequest.bare_frames`).
+    ExceptOwnFrames,
+}
+
 /// A message header: its name and its value's bytes (empty for a null value).
 pub type Header = (String, Bytes);
 
@@ -84,15 +95,17 @@ pub struct Ingested {
 }
 
 /// Classifies, converts and stamps one MQ message body (`headers`: the message's own
-/// headers / user properties, used for opaque bodies).
+/// headers / user properties, used for opaque bodies; `stamping`: whether our own frames are
+/// stamped too).
 pub fn ingest(
     body: Bytes,
     headers: &[Header],
     origin: &Origin<'_>,
     limits: &FrameLimits,
+    stamping: Stamping,
 ) -> Ingested {
-    if let Some(stamped) = stamp_in_place(&body, origin, limits) {
-        return stamped;
+    if let Some(own) = own_frame(&body, origin, limits, stamping) {
+        return own;
     }
     let (kind, converted) = if sniff(&body) {
         (
@@ -134,24 +147,37 @@ pub fn ingest(
     }
 }
 
-/// The common case, one of our own frames with its id and without stamps, stamped without
-/// decoding it into owned attributes and encoding it again: the stamps are appended to the
-/// bytes ([`append_attributes`]), which decodes to what the general path builds. `None` when
-/// the body needs the general path (not a frame, broken, no id, already stamped).
-fn stamp_in_place(body: &Bytes, origin: &Origin<'_>, limits: &FrameLimits) -> Option<Ingested> {
+/// The common case, one of our own frames with its id: handed on as it is
+/// ([`Stamping::ExceptOwnFrames`]), or stamped without decoding it into owned attributes and
+/// encoding it again — the stamps are appended to the bytes ([`append_attributes`]), which
+/// decodes to what the general path builds. `None` when the body needs the general path (not
+/// a frame, broken, no id; to be stamped and already stamped).
+fn own_frame(
+    body: &Bytes,
+    origin: &Origin<'_>,
+    limits: &FrameLimits,
+    stamping: Stamping,
+) -> Option<Ingested> {
     // (What decodes passes `sniff` too: no need to ask first.)
     let view = FrameView::decode(body, limits).ok()?;
-    if view.attribute("id").is_none_or(str::is_empty)
-        || view
-            .attributes()
-            .iter()
-            .any(|(name, _)| is_runtime_stamp(name))
-    {
+    if view.attribute("id").is_none_or(str::is_empty) {
         return None;
     }
-    let offset = origin.offset.to_string();
-    let stamps = stamps(origin, &offset);
-    let frame = append_attributes(body, &stamps, &limits.stamped()).ok()?;
+    let frame = match stamping {
+        Stamping::ExceptOwnFrames => body.clone(),
+        Stamping::Every => {
+            if view
+                .attributes()
+                .iter()
+                .any(|(name, _)| is_runtime_stamp(name))
+            {
+                return None;
+            }
+            let offset = origin.offset.to_string();
+            let stamps = stamps(origin, &offset);
+            append_attributes(body, &stamps, &limits.stamped()).ok()?
+        }
+    };
     let traceparent = traced(view.attribute(TRACEPARENT), view.attribute("id"), origin);
     Some(Ingested {
         kind: BodyKind::Frame,
@@ -315,6 +341,7 @@ mod tests {
             &[],
             &origin(&partition),
             &LIMITS,
+            Stamping::Every,
         );
         assert_eq!(out.kind, BodyKind::Frame);
         let stamped = decoded(&out);
@@ -335,14 +362,17 @@ mod tests {
         own.set_attribute("tenant", "a");
         own.data = Bytes::from_static(b"payload");
         let own = own.encode(&LIMITS).unwrap();
-        let fast = stamp_in_place(&own, &origin, &LIMITS).expect("the fast path");
-        assert_eq!(fast, ingest(own.clone(), &[], &origin, &LIMITS));
+        let fast = own_frame(&own, &origin, &LIMITS, Stamping::Every).expect("the fast path");
+        assert_eq!(
+            fast,
+            ingest(own.clone(), &[], &origin, &LIMITS, Stamping::Every)
+        );
 
         let mut stamped = Frame::decode(&fast.frame, &LIMITS.stamped()).unwrap();
         stamped.set_attribute("emmqoffset", "7");
         let stamped = stamped.encode(&LIMITS.stamped()).unwrap();
-        assert!(stamp_in_place(&stamped, &origin, &LIMITS).is_none());
-        let again = ingest(stamped, &[], &origin, &LIMITS);
+        assert!(own_frame(&stamped, &origin, &LIMITS, Stamping::Every).is_none());
+        let again = ingest(stamped, &[], &origin, &LIMITS, Stamping::Every);
         assert_eq!(again.kind, BodyKind::Frame);
         let again = decoded(&again);
         let names: Vec<&str> = again.attributes().iter().map(|(n, _)| n.as_str()).collect();
@@ -352,11 +382,47 @@ mod tests {
         let mut no_id = Frame::event();
         no_id.data = Bytes::from_static(b"x");
         let no_id = no_id.encode(&LIMITS).unwrap();
-        assert!(stamp_in_place(&no_id, &origin, &LIMITS).is_none());
+        assert!(own_frame(&no_id, &origin, &LIMITS, Stamping::Every).is_none());
         assert_eq!(
-            decoded(&ingest(no_id, &[], &origin, &LIMITS)).attribute("id"),
+            decoded(&ingest(no_id, &[], &origin, &LIMITS, Stamping::Every)).attribute("id"),
             Some("orders/3/41")
         );
+    }
+
+    /// A caller that takes a record's place from the record gets our own frames exactly as
+    /// stored (the same bytes, not a copy); a frame without an id, or a body that is not a
+    /// frame, is made and stamped as always.
+    #[test]
+    fn own_frames_come_as_stored_when_stamps_are_not_wanted() {
+        let partition = PartitionId::number(3);
+        let origin = origin(&partition);
+        let mut own = Frame::event();
+        own.set_attribute("id", "e-1");
+        own.data = Bytes::from_static(b"payload");
+        let own = own.encode(&LIMITS).unwrap();
+        let out = ingest(
+            own.clone(),
+            &[],
+            &origin,
+            &LIMITS,
+            Stamping::ExceptOwnFrames,
+        );
+        assert_eq!(out.kind, BodyKind::Frame);
+        assert_eq!(out.frame, own);
+        assert_eq!(out.frame.as_ptr(), own.as_ptr(), "handed on, not copied");
+
+        let mut no_id = Frame::event();
+        no_id.data = Bytes::from_static(b"x");
+        let no_id = no_id.encode(&LIMITS).unwrap();
+        let made = ingest(no_id, &[], &origin, &LIMITS, Stamping::ExceptOwnFrames);
+        let made = decoded(&made);
+        assert_eq!(made.attribute("id"), Some("orders/3/41"));
+        assert_eq!(made.attribute("emmqoffset"), Some("41"));
+
+        let plain = Bytes::from_static(b"plain");
+        let opaque = ingest(plain, &[], &origin, &LIMITS, Stamping::ExceptOwnFrames);
+        assert_eq!(opaque.kind, BodyKind::Opaque);
+        assert_eq!(decoded(&opaque).attribute("emmqpartition"), Some("3"));
     }
 
     #[test]
@@ -368,7 +434,13 @@ mod tests {
             offset: 7,
             pop_ck: Some("ck-123"),
         };
-        let out = ingest(Bytes::from_static(b"plain"), &[], &origin, &LIMITS);
+        let out = ingest(
+            Bytes::from_static(b"plain"),
+            &[],
+            &origin,
+            &LIMITS,
+            Stamping::Every,
+        );
         assert_eq!(decoded(&out).attribute("empopck"), Some("ck-123"));
     }
 
@@ -376,7 +448,13 @@ mod tests {
     fn structured_cloudevents_json_becomes_attributes_and_data() {
         let body = br#"{"specversion":"1.0","id":"ce-9","source":"/s","type":"t","time":"2026-01-01T00:00:00Z","count":3,"data":{"k":[1,2]}}"#;
         let partition = PartitionId::number(0);
-        let out = ingest(Bytes::from_static(body), &[], &origin(&partition), &LIMITS);
+        let out = ingest(
+            Bytes::from_static(body),
+            &[],
+            &origin(&partition),
+            &LIMITS,
+            Stamping::Every,
+        );
         assert_eq!(out.kind, BodyKind::CloudEventsJson);
         let frame = decoded(&out);
         assert_eq!(frame.attribute("id"), Some("ce-9"));
@@ -394,6 +472,7 @@ mod tests {
             &[],
             &origin(&partition),
             &LIMITS,
+            Stamping::Every,
         ));
         assert_eq!(&frame.data[..], &[0, 1, 2]);
         let text = br#"{"specversion":"1.0","id":"x","data":"hello"}"#;
@@ -402,7 +481,8 @@ mod tests {
                 Bytes::from_static(text),
                 &[],
                 &origin(&partition),
-                &LIMITS
+                &LIMITS,
+                Stamping::Every,
             ))
             .data[..],
             b"hello"
@@ -425,6 +505,7 @@ mod tests {
                 &headers,
                 &origin(&partition),
                 &LIMITS,
+                Stamping::Every,
             );
             assert_eq!(out.kind, BodyKind::Opaque, "{body:?}");
             let frame = decoded(&out);
@@ -449,6 +530,7 @@ mod tests {
             &headers,
             &origin(&partition),
             &LIMITS,
+            Stamping::Every,
         ));
         assert_eq!(frame.binary_attribute("trace").unwrap(), [0xFF, 0x00, 0x80]);
         assert_eq!(frame.attribute("tenant"), Some("acme"));
@@ -475,6 +557,7 @@ mod tests {
             &binary_mode,
             &origin(&partition),
             &LIMITS,
+            Stamping::Every,
         ));
         assert_eq!(frame.attribute("id"), Some("ce-77"));
         assert_eq!(frame.attribute("source"), Some("/java"));
@@ -495,13 +578,20 @@ mod tests {
             &[],
             &origin(&partition),
             &LIMITS,
+            Stamping::Every,
         );
         assert_eq!(out.kind, BodyKind::MalformedFrame);
         assert_eq!(&out.frame[..], &broken[..], "original bytes kept");
         assert!(out.malformed_reason.unwrap().contains("UTF-8"));
 
         let huge = Bytes::from(vec![b'x'; LIMITS.max_data_bytes + 1]);
-        let out = ingest(huge.clone(), &[], &origin(&partition), &LIMITS);
+        let out = ingest(
+            huge.clone(),
+            &[],
+            &origin(&partition),
+            &LIMITS,
+            Stamping::Every,
+        );
         assert_eq!(out.kind, BodyKind::MalformedFrame);
         assert_eq!(out.frame, huge);
         assert!(out.malformed_reason.unwrap().contains("data length"));
@@ -512,6 +602,7 @@ mod tests {
             &[],
             &origin(&partition),
             &LIMITS,
+            Stamping::Every,
         );
         assert_eq!(out.kind, BodyKind::MalformedFrame);
         assert!(out.malformed_reason.unwrap().contains("base64"));

@@ -39,7 +39,7 @@ use tracing::{Instrument as _, instrument};
 
 use crate::alignment::{WatermarkSource, align_reader, describe};
 use crate::crash::{CrashPoint, crash_point};
-use crate::ingest::BodyKind;
+use crate::ingest::{BodyKind, Stamping};
 use crate::storage::{
     AckPulledOutcome, NewRecord, PollLimits, PolledBatch, ReaderKey, Selection, Storage,
 };
@@ -379,6 +379,7 @@ impl PullerGrpc {
                 0 => self.limits.max_bytes,
                 n => (n as usize).min(grpc::MAX_PULL_BYTES),
             },
+            stamping: Stamping::Every,
         }
     }
 
@@ -548,7 +549,14 @@ impl PullerService for PullerGrpc {
         let reader = parse_reader("reader", request.reader.as_ref())?;
         let partition = parse_partition("partition", &request.partition)?;
         let selection = Selection::of(partition, parse_positions("positions", &request.positions)?);
-        let limits = self.limits(request.max_records, request.max_bytes);
+        let limits = PollLimits {
+            stamping: if request.bare_frames {
+                Stamping::ExceptOwnFrames
+            } else {
+                Stamping::Every
+            },
+            ..self.limits(request.max_records, request.max_bytes)
+        };
         let slot = self.slot(&reader);
         let deadline = tokio::time::Instant::now()
             + Duration::from_millis(request.max_wait_ms.into()).min(MAX_WAIT);

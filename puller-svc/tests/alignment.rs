@@ -63,6 +63,7 @@ async fn storage_with_pulled(dir: &std::path::Path, readers: &[&ReaderKey]) -> L
                 PollLimits {
                     max_records: 100,
                     max_bytes: usize::MAX,
+                    ..PollLimits::default()
                 },
             )
             .await

@@ -166,6 +166,44 @@ async fn pull_from(
         .map(tonic::Response::into_inner)
 }
 
+/// `bare_frames`: our own frames come exactly as published (no stamps), their place in the
+/// record's fields; a second reader that does not ask gets the same records stamped.
+#[tokio::test]
+async fn bare_frames_come_as_published_with_their_place_in_the_record() {
+    let mut stack = stack(true).await;
+    publish_n(&mut stack.client, "orders", 3).await;
+    let generation = stack.generation("bare", "orders").await;
+    let bare = stack
+        .client
+        .pull(pb::PullRequest {
+            reader: Some(reader("bare", "orders")),
+            max_records: 10,
+            generation,
+            bare_frames: true,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let places: Vec<_> = bare
+        .records
+        .iter()
+        .map(|r| (r.partition.as_str(), r.offset, r.frame.clone()))
+        .collect();
+    assert_eq!(
+        places,
+        [
+            ("0", 0, event("e0")),
+            ("0", 1, event("e1")),
+            ("0", 2, event("e2"))
+        ]
+    );
+    let stamped = pull(&mut stack, "stamped", "orders", 10).await;
+    let frame = Frame::decode(&stamped.records[2].frame, &FrameLimits::STAMPED).unwrap();
+    assert_eq!(frame.attribute("emmqpartition"), Some("0"));
+    assert_eq!(frame.attribute("emmqoffset"), Some("2"));
+}
+
 #[tokio::test]
 async fn publish_and_pull_with_stamps_and_ranges() {
     let mut stack = stack(true).await;

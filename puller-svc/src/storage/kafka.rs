@@ -594,7 +594,7 @@ impl Inner {
             } else {
                 (
                     Bytes::copy_from_slice(key),
-                    ingest(body, &headers, &origin, &self.limits),
+                    ingest(body, &headers, &origin, &self.limits, limits.stamping),
                 )
             };
             by_partition.entry(p).or_default().push(PolledRecord {

@@ -239,7 +239,13 @@ impl Inner {
                         key: record.key.clone(),
                         timestamp_ms: record.timestamp_ms,
                         ack_key: None,
-                        ingested: ingest(record.body.clone(), &[], &origin, &self.limits),
+                        ingested: ingest(
+                            record.body.clone(),
+                            &[],
+                            &origin,
+                            &self.limits,
+                            limits.stamping,
+                        ),
                     });
                 }
             }

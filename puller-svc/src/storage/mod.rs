@@ -36,6 +36,7 @@ use eventmesh_common::keys::PullKey;
 
 use crate::cursors::{Alignment, CursorBook};
 use crate::ingest::Ingested;
+pub use crate::ingest::Stamping;
 
 /// One reader: a subscription group (`None`: the topic's default group) on a topic.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -46,13 +47,15 @@ pub struct ReaderKey {
     pub topic: Topic,
 }
 
-/// Bounds of one poll.
+/// Bounds and form of one poll's answer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PollLimits {
     /// Most records.
     pub max_records: usize,
     /// About this many body bytes at most (at least one record is returned when any exists).
     pub max_bytes: usize,
+    /// Which frames are stamped ([`Stamping`]).
+    pub stamping: Stamping,
 }
 
 impl Default for PollLimits {
@@ -60,6 +63,7 @@ impl Default for PollLimits {
         PollLimits {
             max_records: 500,
             max_bytes: 4 * 1024 * 1024,
+            stamping: Stamping::Every,
         }
     }
 }

@@ -15,7 +15,7 @@ use rocketmq_model::common::message::message_ext::MessageExt;
 use rocketmq_model::common::message::message_single::Message;
 use rocketmq_model::common::message::{MessageConst, STRING_HASH_SET};
 
-use crate::ingest::{Header, Origin, ingest, malformed};
+use crate::ingest::{Header, Origin, Stamping, ingest, malformed};
 use crate::storage::{PolledRecord, StorageError};
 
 /// The record key as RocketMQ's `KEYS` text (`None` for an empty key).
@@ -85,7 +85,14 @@ pub fn record(
             offset,
             pop_ck: ack_key.as_deref(),
         };
-        let ingested = ingest(body, &user_headers(message), &origin, limits);
+        // Stamped always: the RocketMQ reads do not pass the poll's form down this far.
+        let ingested = ingest(
+            body,
+            &user_headers(message),
+            &origin,
+            limits,
+            Stamping::Every,
+        );
         (key, ingested)
     };
     PolledRecord {

@@ -614,6 +614,8 @@ async fn raw_pull(instance: &LocalInstance, topic: &str, events: u64) -> anyhow:
                 max_wait_ms: 500,
                 generation,
                 positions: Vec::new(),
+                // As dispatcher-svc pulls.
+                bare_frames: true,
             })
             .await?
             .into_inner();
