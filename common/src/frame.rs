@@ -488,35 +488,18 @@ pub const INLINE_ATTRIBUTES: usize = 12;
 impl<'a> FrameView<'a> {
     /// Decodes a frame, enforcing `limits`.
     pub fn decode(buf: &'a Bytes, limits: &FrameLimits) -> Result<FrameView<'a>, FrameError> {
-        check_frame_len(buf.len(), limits)?;
-        let header = Header::parse(buf)?;
-        check_count(header.key_count, limits)?;
-        check_data_len(header.data_len, limits)?;
-        let mut reader = Reader {
-            buf,
-            pos: HEADER_LEN,
-        };
-        // Bounded by max_attributes, so this cannot be a huge allocation.
-        let mut attributes: SmallVec<[(&'a str, &'a str); INLINE_ATTRIBUTES]> =
-            SmallVec::with_capacity(header.key_count);
-        for _ in 0..header.key_count {
-            let name_len = reader.u16("attribute name length")? as usize;
-            check_name_len(name_len, limits)?;
-            let name = reader.utf8(name_len, "name")?;
-            let value_len = reader.i32("attribute value length")? as i64;
-            check_value_len(value_len, limits)?;
-            let value = reader.utf8(value_len as usize, "value")?;
+        let text =
+            |bytes, what| std::str::from_utf8(bytes).map_err(|_| FrameError::InvalidUtf8 { what });
+        // Inline up to INLINE_ATTRIBUTES; beyond, bounded by max_attributes.
+        let mut attributes: SmallVec<[(&'a str, &'a str); INLINE_ATTRIBUTES]> = SmallVec::new();
+        let (header, data) = walk(buf, limits, |name, value| {
+            let (name, value) = (text(name, "name")?, text(value, "value")?);
             match attributes.iter_mut().find(|(n, _)| *n == name) {
                 Some(slot) => slot.1 = value,
                 None => attributes.push((name, value)),
             }
-        }
-        let data_len = header.data_len as usize;
-        let data = reader.take(data_len, "data")?;
-        let trailing = buf.len() - reader.pos;
-        if trailing != 0 {
-            return Err(FrameError::TrailingBytes(trailing));
-        }
+            Ok(())
+        })?;
         Ok(FrameView {
             msg_type: header.msg_type,
             flags: header.flags,
@@ -544,6 +527,45 @@ impl<'a> FrameView<'a> {
     pub fn binary_attribute(&self, name: &str, value: &str) -> Option<Vec<u8>> {
         binary_value(self.attribute(ATTR_BINARY), name, Some(value))
     }
+}
+
+/// Checks everything [`FrameView::decode`] checks but that names and values are UTF-8, without
+/// collecting anything: for a frame whose text was already checked (dispatcher-svc, of the
+/// frames puller-svc decoded before calling them frames).
+pub fn check_layout(buf: &Bytes, limits: &FrameLimits) -> Result<(), FrameError> {
+    walk(buf, limits, |_, _| Ok(())).map(drop)
+}
+
+/// Walks a frame under `limits`: its header, then `attribute(name, value)` for each attribute
+/// as bytes, then the payload, which must end the buffer.
+fn walk<'a>(
+    buf: &'a Bytes,
+    limits: &FrameLimits,
+    mut attribute: impl FnMut(&'a [u8], &'a [u8]) -> Result<(), FrameError>,
+) -> Result<(Header, Bytes), FrameError> {
+    check_frame_len(buf.len(), limits)?;
+    let header = Header::parse(buf)?;
+    check_count(header.key_count, limits)?;
+    check_data_len(header.data_len, limits)?;
+    let mut reader = Reader {
+        buf,
+        pos: HEADER_LEN,
+    };
+    for _ in 0..header.key_count {
+        let name_len = reader.u16("attribute name length")? as usize;
+        check_name_len(name_len, limits)?;
+        let name = reader.slice(name_len, "name")?;
+        let value_len = reader.i32("attribute value length")? as i64;
+        check_value_len(value_len, limits)?;
+        let value = reader.slice(value_len as usize, "value")?;
+        attribute(name, value)?;
+    }
+    let data = reader.take(header.data_len as usize, "data")?;
+    let trailing = buf.len() - reader.pos;
+    if trailing != 0 {
+        return Err(FrameError::TrailingBytes(trailing));
+    }
+    Ok((header, data))
 }
 
 struct Reader<'a> {
@@ -583,11 +605,6 @@ impl<'a> Reader<'a> {
     fn i32(&mut self, what: &'static str) -> Result<i32, FrameError> {
         let b = self.slice(4, what)?;
         Ok(i32::from_be_bytes([b[0], b[1], b[2], b[3]]))
-    }
-
-    fn utf8(&mut self, len: usize, what: &'static str) -> Result<&'a str, FrameError> {
-        let bytes = self.slice(len, what)?;
-        std::str::from_utf8(bytes).map_err(|_| FrameError::InvalidUtf8 { what })
     }
 }
 

@@ -6,7 +6,7 @@
 use bytes::Bytes;
 use eventmesh_common::frame::{
     Frame, FrameError, FrameLimits, FrameView, HEADER_LEN, INLINE_ATTRIBUTES, MSG_TYPE_EVENT,
-    append_attributes, sniff,
+    append_attributes, check_layout, sniff,
 };
 use proptest::prelude::*;
 
@@ -183,10 +183,13 @@ fn trailing_bytes_and_bad_utf8_are_errors() {
     bad.push(0xFF);
     bad.extend_from_slice(&0i32.to_be_bytes());
     assert!(sniff(&bad), "structurally a frame");
+    let bad = Bytes::from(bad);
     assert!(matches!(
-        Frame::decode(&Bytes::from(bad), &DEFAULT),
+        Frame::decode(&bad, &DEFAULT),
         Err(FrameError::InvalidUtf8 { what: "name" })
     ));
+    // The layout check leaves the text to whoever checked it before.
+    assert!(check_layout(&bad, &DEFAULT).is_ok());
 }
 
 #[test]
@@ -383,6 +386,13 @@ proptest! {
         );
         if decoded.is_ok() {
             prop_assert!(sniff(&bytes), "everything that decodes passes the sniff test");
+        }
+        // The layout check refuses what decoding refuses, for the same reason, except text
+        // that is not UTF-8.
+        match (check_layout(&bytes, &DEFAULT), &decoded) {
+            (Ok(()), Ok(_) | Err(FrameError::InvalidUtf8 { .. })) => {}
+            (Err(layout), Err(decode)) => prop_assert_eq!(layout.to_string(), decode.to_string()),
+            (layout, decode) => prop_assert!(false, "layout {:?}, decode {:?}", layout, decode),
         }
     }
 }

@@ -15,7 +15,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use bytes::Bytes;
 use eventmesh_common::frame::{
     ATTR_BINARY, Frame, FrameError, FrameLimits, FrameView, INLINE_ATTRIBUTES,
-    RESERVED_ATTR_PREFIX, is_runtime_stamp,
+    RESERVED_ATTR_PREFIX, check_layout, is_runtime_stamp,
 };
 use eventmesh_proto::client::Event;
 use smallvec::SmallVec;
@@ -107,10 +107,12 @@ pub fn encode_for_publish(mut event: Event) -> Result<(Bytes, String), Dispatche
     Ok((body, event.id))
 }
 
-/// Whether a pulled, stamped frame will decode into an event (exactly
-/// [`decode_for_delivery`]'s check, without building the event).
+/// Whether a pulled frame will decode into an event: [`read_for_delivery`]'s checks, without
+/// building the event and without checking that its text is UTF-8 — puller-svc decoded every
+/// record it calls a frame (what it could not decode comes as MALFORMED_FRAME), so what is
+/// left to check is the layout within this side's limits.
 pub fn check_for_delivery(body: &Bytes) -> Result<(), FrameError> {
-    FrameView::decode(body, &FrameLimits::STAMPED).map(drop)
+    check_layout(body, &FrameLimits::STAMPED)
 }
 
 /// A pulled frame read as the client's event, borrowing from it: what a delivery's message

@@ -300,7 +300,8 @@ async fn run(
 
 /// Marks the records whose frames will not decode as events (the group dead-letters those
 /// instead of delivering them). Checked here, on the loop's task, rather than by the group's
-/// actor: the actor is one task for the whole group, and this is one frame decode per record.
+/// actor: the actor is one task for the whole group, and this is one layout walk per record
+/// ([`check_for_delivery`]).
 fn mark_undecodable(batch: &mut PullResponse) {
     for record in &mut batch.records {
         if record.body_kind == BodyKind::MalformedFrame as i32 {
