@@ -133,7 +133,7 @@ pub struct DeliveredEvent<'a> {
 /// How many CloudEvents context attributes the event has fields for.
 pub const CONTEXT_FIELDS: usize = 6;
 
-/// Reads a pulled, stamped frame as the client's event, without the stamps; fails on what
+/// Reads a pulled frame (stamped or as stored) as the client's event, without any stamps; fails on what
 /// [`check_for_delivery`] refuses.
 pub fn read_for_delivery(body: &Bytes) -> Result<DeliveredEvent<'_>, FrameError> {
     // Stamping adds a few attributes to a frame that met the user limits; decode with room.
@@ -166,7 +166,7 @@ pub fn read_for_delivery(body: &Bytes) -> Result<DeliveredEvent<'_>, FrameError>
     Ok(event)
 }
 
-/// Turns a pulled, stamped frame into the client's event, without the stamps: the message
+/// Turns a pulled frame (stamped or as stored) into the client's event, without any stamps: the message
 /// [`crate::wire`]'s bytes must decode to (its tests' reference).
 #[cfg(test)]
 pub fn decode_for_delivery(body: &Bytes) -> Result<Event, FrameError> {

@@ -4,7 +4,7 @@
 //! becomes a job carrying the values it needs durable: the group's gap-free watermark under
 //! `__mqcursor…__` and the clients' own watermarks. One write is in flight at a time: the jobs
 //! that arrived while it ran (plus those within the optional flush window, `ack_flush_ms`, 0 by
-//! default) share the next `WriteOffsets` call (one RocksDB write batch in offset-svc). When it
+//! default) share the next write (one RocksDB write batch in offset-svc). When it
 //! succeeds every job in it is told
 //! [`WriteNotice::Durable`]; only then may the dispatcher retire the delivery and forward the
 //! broker ACK. When it fails, each job is told [`WriteNotice::Pending`] once ("ACKed, write
@@ -41,6 +41,7 @@ use eventmesh_proto::offset::offset_service_client::OffsetServiceClient;
 use eventmesh_proto::offset::{
     OffsetEntry, WriteOffsetsRequest, WriteOffsetsStreamRequest, WriteOffsetsStreamResponse,
 };
+use futures::FutureExt as _;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 use tonic::transport::Endpoint;
@@ -284,7 +285,28 @@ impl Connection {
         written
     }
 
+    /// One batch on the stream. A stream offset-svc ended while the writer was idle (its
+    /// restart, a lost connection) is dropped before use, its end already waiting; one that
+    /// fails at the batch although it looked open (ended just then) is replaced and the batch
+    /// sent once more on a new one, so a restart of offset-svc costs no failed write.
     async fn write_streamed(&mut self, request: WriteOffsetsRequest) -> Result<(), tonic::Status> {
+        if let Some(stream) = &mut self.stream
+            && (stream.requests.is_closed() || stream.answers.message().now_or_never().is_some())
+        {
+            self.stream = None;
+        }
+        let retry = self.stream.is_some().then(|| request.clone());
+        let written = self.send_on_stream(request).await;
+        match (written, retry) {
+            (Err(_), Some(request)) => {
+                self.stream = None;
+                self.send_on_stream(request).await
+            }
+            (written, _) => written,
+        }
+    }
+
+    async fn send_on_stream(&mut self, request: WriteOffsetsRequest) -> Result<(), tonic::Status> {
         let stream = match &mut self.stream {
             Some(stream) => stream,
             None => {
@@ -365,9 +387,92 @@ fn merged(queue: &[Queued], sync: bool) -> WriteOffsetsRequest {
 mod tests {
     #![allow(clippy::unwrap_used)]
 
-    use eventmesh_common::keys::{GroupName, OffsetClient, PartitionId, Topic};
+    use eventmesh_common::keys::{OffsetClient, PartitionId, Topic};
 
     use super::*;
+
+    fn memory_offset_svc(listen: std::net::SocketAddr) -> offset_svc::config::Config {
+        offset_svc::config::Config {
+            listen,
+            store: offset_svc::config::StoreKind::Memory,
+            ..offset_svc::config::Config::default()
+        }
+    }
+
+    /// A writer to the offset-svc at `uri`, started from the current runtime.
+    fn writer_to(uri: &str) -> OffsetWriter {
+        let endpoint =
+            eventmesh_common::grpc::internal_endpoint(uri, Duration::from_secs(5)).unwrap();
+        let (writer, _task) = OffsetWriter::spawn(
+            endpoint,
+            Duration::from_secs(5),
+            Duration::ZERO,
+            false,
+            CancellationToken::new(),
+        )
+        .unwrap();
+        writer
+    }
+
+    /// A job for the default group's cursor of `orders` partition 0, its notices sent to `told`.
+    fn cursor_job(offset: i64, told: std::sync::mpsc::Sender<WriteNotice>) -> WriteJob {
+        WriteJob {
+            entries: vec![(
+                OffsetKey::new(
+                    Topic::new("orders").unwrap(),
+                    OffsetClient::MqCursor(None),
+                    PartitionId::number(0),
+                ),
+                offset,
+            )],
+            links: Vec::new(),
+            settles: 1,
+            listener: Arc::new(move |notice| {
+                let _ = told.send(notice);
+            }),
+        }
+    }
+
+    /// offset-svc restarted while the writer was idle (its write stream ended by the shutdown)
+    /// costs no failed write: the next job is durable at once, with no PENDING notice and the
+    /// writer never unhealthy (it used to fail on the dead stream first).
+    #[test]
+    fn a_restart_of_offset_svc_between_writes_costs_no_failed_write() {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let free = std::net::SocketAddr::from(([127, 0, 0, 1], 0));
+        let server = runtime
+            .block_on(offset_svc::server::start(
+                memory_offset_svc(free),
+                CancellationToken::new(),
+            ))
+            .unwrap();
+        let addr = server.local_addr();
+        let _inside = runtime.enter();
+        let writer = writer_to(&format!("http://{addr}"));
+        let (told, notices) = std::sync::mpsc::channel();
+        writer.submit(cursor_job(1, told.clone()));
+        let wait = Duration::from_secs(10);
+        assert_eq!(notices.recv_timeout(wait).unwrap(), WriteNotice::Durable);
+
+        server.shutdown();
+        runtime.block_on(server.wait()).unwrap();
+        let server = runtime
+            .block_on(offset_svc::server::start(
+                memory_offset_svc(addr),
+                CancellationToken::new(),
+            ))
+            .unwrap();
+        let health = writer.health();
+        writer.submit(cursor_job(2, told));
+        assert_eq!(notices.recv_timeout(wait).unwrap(), WriteNotice::Durable);
+        assert!(*health.borrow(), "the writer stayed healthy");
+        server.shutdown();
+        runtime.block_on(server.wait()).unwrap();
+    }
 
     /// A write completes while the only thread of the runtime that started the writer is
     /// blocked: the writer and its connection to offset-svc run on a thread of their own (on
@@ -379,11 +484,7 @@ mod tests {
             .enable_all()
             .build()
             .unwrap();
-        let config = offset_svc::config::Config {
-            listen: std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
-            store: offset_svc::config::StoreKind::Memory,
-            ..offset_svc::config::Config::default()
-        };
+        let config = memory_offset_svc(std::net::SocketAddr::from(([127, 0, 0, 1], 0)));
         let server = server_runtime
             .block_on(offset_svc::server::start(config, CancellationToken::new()))
             .unwrap();
@@ -394,32 +495,9 @@ mod tests {
             .build()
             .unwrap();
         let _inside = runtime.enter();
-        let endpoint =
-            eventmesh_common::grpc::internal_endpoint(&uri, Duration::from_secs(5)).unwrap();
-        let (writer, _task) = OffsetWriter::spawn(
-            endpoint,
-            Duration::from_secs(5),
-            Duration::ZERO,
-            false,
-            CancellationToken::new(),
-        )
-        .unwrap();
+        let writer = writer_to(&uri);
         let (told, notices) = std::sync::mpsc::channel();
-        writer.submit(WriteJob {
-            entries: vec![(
-                OffsetKey::new(
-                    Topic::new("orders").unwrap(),
-                    OffsetClient::MqCursor(Some(GroupName::new("billing").unwrap())),
-                    PartitionId::number(0),
-                ),
-                7,
-            )],
-            links: Vec::new(),
-            settles: 1,
-            listener: Arc::new(move |notice| {
-                let _ = told.send(notice);
-            }),
-        });
+        writer.submit(cursor_job(7, told));
         // This thread, the starting runtime's only one, now blocks until the writer answers.
         assert_eq!(
             notices.recv_timeout(Duration::from_secs(10)).unwrap(),

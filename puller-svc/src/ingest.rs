@@ -14,6 +14,8 @@
 //! stamped with `emmqpartition` and `emmqoffset` (and `empopck` when the broker needs an ACK)
 //! and encoded. Our own frames, the common case, are stamped by appending to their bytes
 //! (checked without allocating, one copy); the result decodes exactly as the general path's.
+//! A reader that takes a record's place from the record ([`Stamping::ExceptOwnFrames`]) gets
+//! our own frames as stored instead (checked the same way, not copied).
 //!
 //! Fidelity with other producers' records:
 //! * header values are kept byte for byte: UTF-8 text as is, anything else base64-encoded and

@@ -6,8 +6,9 @@
 //! watermark (see [`crate::cursors`]); `ack_pulled` forwards a settled message to brokers that
 //! need one (RocketMQ 5 POP) and answers [`AckPulledOutcome::NotApplicable`] elsewhere.
 //!
-//! Every polled record is ingested ([`crate::ingest`]): stamped with its partition and offset,
-//! foreign bodies converted, broken ones flagged for the dead-letter topic. Every batch reports,
+//! Every polled record is ingested ([`crate::ingest`]): stamped with its partition and offset
+//! (our own frames as stored when the poll asks, [`Stamping::ExceptOwnFrames`]), foreign
+//! bodies converted, broken ones flagged for the dead-letter topic. Every batch reports,
 //! per partition it advanced, the `[first, next)` range it covered, starting exactly where the
 //! read started: offsets in it without a record are absent from the log, the first
 //! `lost_to_retention` of them removed by retention before the reader got to them. A position
@@ -81,7 +82,8 @@ pub struct PolledRecord {
     pub timestamp_ms: i64,
     /// The key to pass to `ack_pulled`, where the broker needs one.
     pub ack_key: Option<String>,
-    /// The stamped frame (or the original body of a dead-letter case).
+    /// The frame, stamped as the poll asked ([`Stamping`]), or the original body of a
+    /// dead-letter case.
     pub ingested: Ingested,
 }
 
