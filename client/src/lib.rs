@@ -62,7 +62,7 @@ mod publisher;
 mod subscription;
 
 pub use client::{Client, Published, new_event_id};
-pub use config::{ClientConfig, DEFAULT_ENDPOINT};
+pub use config::{ClientConfig, DEFAULT_ENDPOINT, HTTP2_MAX_FRAME_SIZE};
 pub use error::ClientError;
 pub use eventmesh_proto::client::Event;
 pub use publisher::{PendingPublish, Publisher, PublisherOptions};

@@ -517,3 +517,22 @@ async fn one_delivery_at_a_time_with_ack_and_wait_under_a_small_in_flight_limit(
         seen.insert(delivery.event.id.clone());
     }
 }
+
+/// The SDK's connections advertise large HTTP/2 frames, so a batch of deliveries reaches it in
+/// a few writes, not one per 16 KiB (the protocol's default frame).
+#[tokio::test]
+async fn the_sdk_advertises_large_frames() {
+    use eventmesh_testkit::http2::{self, SETTINGS_MAX_FRAME_SIZE};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let uri = format!("http://{}", listener.local_addr().unwrap());
+    let accepted = tokio::task::spawn_blocking(move || http2::accept_client_settings(&listener));
+    // Nothing answers the handshake: the connect is left once its settings are read.
+    let connecting = tokio::spawn(Client::connect(ClientConfig::new("frames").endpoint(uri)));
+    let settings = accepted.await.unwrap().unwrap();
+    connecting.abort();
+    assert_eq!(
+        http2::setting(&settings, SETTINGS_MAX_FRAME_SIZE),
+        Some(eventmesh_client::HTTP2_MAX_FRAME_SIZE),
+        "{settings:?}"
+    );
+}

@@ -6,6 +6,9 @@
 //!   on the same data directory by `scripts/etcd.sh`, or the one named by `ETCD_ENDPOINTS`.
 //! * [`RocketMq`] — a real RocketMQ name server and broker (rocketmq-rust 1.0.0) on loopback,
 //!   started and stopped by `scripts/rocketmq.sh`, or the one named by `ROCKETMQ_NAMESRV`.
+//! * [`http2`] — the HTTP/2 settings a server or client advertises, read off a raw socket.
+
+pub mod http2;
 
 use std::ffi::OsStr;
 use std::io::BufRead;

@@ -582,9 +582,16 @@ async fn publish(
 }
 
 async fn raw_pull(instance: &LocalInstance, topic: &str, events: u64) -> anyhow::Result<f64> {
-    let mut puller = PullerServiceClient::connect(instance.uri(Service::Puller))
-        .await?
-        .max_decoding_message_size(64 << 20);
+    // The transport settings the dispatcher's own link to the puller has: the baseline is the
+    // fastest raw read, not one slowed by 16 KiB HTTP/2 frames.
+    let channel = tonic::transport::Endpoint::from_shared(instance.uri(Service::Puller))?
+        .tcp_nodelay(true)
+        .initial_stream_window_size(4 << 20)
+        .initial_connection_window_size(16 << 20)
+        .max_frame_size(eventmesh_client::HTTP2_MAX_FRAME_SIZE)
+        .connect()
+        .await?;
+    let mut puller = PullerServiceClient::new(channel).max_decoding_message_size(64 << 20);
     let reader = puller_pb::GroupTopic {
         group: format!("raw-{topic}"),
         topic: topic.to_owned(),

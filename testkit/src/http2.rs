@@ -1,0 +1,76 @@
+//! Reading the HTTP/2 settings a peer advertises, off a raw socket: what a test checks to
+//! know which transport settings a server or client really applies (tonic does not show them).
+
+use std::io::{self, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::time::Duration;
+
+/// The client connection preface (RFC 9113 §3.4).
+pub const CLIENT_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+/// SETTINGS_MAX_FRAME_SIZE's identifier.
+pub const SETTINGS_MAX_FRAME_SIZE: u16 = 0x5;
+/// The SETTINGS frame type.
+const SETTINGS: u8 = 0x4;
+
+/// Connects to an HTTP/2 server as a client would (preface, empty SETTINGS) and returns the
+/// settings of the server's first frame, which the protocol requires to be its SETTINGS.
+pub fn server_settings(stream: &mut TcpStream) -> io::Result<Vec<(u16, u32)>> {
+    stream.write_all(CLIENT_PREFACE)?;
+    // An empty SETTINGS frame: length 0, type 4, no flags, stream 0.
+    stream.write_all(&[0, 0, 0, SETTINGS, 0, 0, 0, 0, 0])?;
+    first_settings(stream)
+}
+
+/// Accepts one connection on `listener` and returns what its client advertises (see
+/// [`client_settings`]), waiting at most 10 s for it.
+pub fn accept_client_settings(listener: &TcpListener) -> io::Result<Vec<(u16, u32)>> {
+    let (mut stream, _) = listener.accept()?;
+    stream.set_read_timeout(Some(Duration::from_secs(10)))?;
+    client_settings(&mut stream)
+}
+
+/// The value of setting `id` among `settings`, if advertised.
+pub fn setting(settings: &[(u16, u32)], id: u16) -> Option<u32> {
+    settings
+        .iter()
+        .find(|(got, _)| *got == id)
+        .map(|(_, value)| *value)
+}
+
+/// Reads a client's connection preface and returns the settings of its first frame, which the
+/// protocol requires to be its SETTINGS.
+pub fn client_settings(stream: &mut TcpStream) -> io::Result<Vec<(u16, u32)>> {
+    let mut preface = [0; CLIENT_PREFACE.len()];
+    stream.read_exact(&mut preface)?;
+    if preface != CLIENT_PREFACE {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            "not an HTTP/2 client preface",
+        ));
+    }
+    first_settings(stream)
+}
+
+/// The settings in the frame read next, which must be a SETTINGS frame.
+fn first_settings(stream: &mut TcpStream) -> io::Result<Vec<(u16, u32)>> {
+    let mut header = [0u8; 9];
+    stream.read_exact(&mut header)?;
+    let length = u32::from_be_bytes([0, header[0], header[1], header[2]]) as usize;
+    if header[3] != SETTINGS {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("first frame is of type {}, not SETTINGS", header[3]),
+        ));
+    }
+    let mut payload = vec![0u8; length];
+    stream.read_exact(&mut payload)?;
+    Ok(payload
+        .chunks_exact(6)
+        .map(|setting| {
+            (
+                u16::from_be_bytes([setting[0], setting[1]]),
+                u32::from_be_bytes([setting[2], setting[3], setting[4], setting[5]]),
+            )
+        })
+        .collect())
+}
