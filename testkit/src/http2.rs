@@ -21,11 +21,32 @@ pub fn server_settings(stream: &mut TcpStream) -> io::Result<Vec<(u16, u32)>> {
     first_settings(stream)
 }
 
+/// How long [`accept_client_settings`] waits for the client, and then for its settings.
+const WAIT: Duration = Duration::from_secs(10);
+
 /// Accepts one connection on `listener` and returns what its client advertises (see
-/// [`client_settings`]), waiting at most 10 s for it.
+/// [`client_settings`]); a client that does not connect, or says nothing, within 10 s each is
+/// a `TimedOut` error, not a hung test.
 pub fn accept_client_settings(listener: &TcpListener) -> io::Result<Vec<(u16, u32)>> {
-    let (mut stream, _) = listener.accept()?;
-    stream.set_read_timeout(Some(Duration::from_secs(10)))?;
+    listener.set_nonblocking(true)?;
+    let started = std::time::Instant::now();
+    let mut stream = loop {
+        match listener.accept() {
+            Ok((stream, _)) => break stream,
+            Err(err) if err.kind() == io::ErrorKind::WouldBlock => {
+                if started.elapsed() > WAIT {
+                    return Err(io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        "no client connected",
+                    ));
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            Err(err) => return Err(err),
+        }
+    };
+    stream.set_nonblocking(false)?;
+    stream.set_read_timeout(Some(WAIT))?;
     client_settings(&mut stream)
 }
 
