@@ -391,12 +391,19 @@ mod tests {
 
     use super::*;
 
-    fn memory_offset_svc(listen: std::net::SocketAddr) -> offset_svc::config::Config {
-        offset_svc::config::Config {
+    /// An offset-svc with an in-memory store, listening on `listen`, served by `runtime`.
+    fn start_offset_svc(
+        runtime: &tokio::runtime::Runtime,
+        listen: std::net::SocketAddr,
+    ) -> offset_svc::server::RunningServer {
+        let config = offset_svc::config::Config {
             listen,
             store: offset_svc::config::StoreKind::Memory,
             ..offset_svc::config::Config::default()
-        }
+        };
+        runtime
+            .block_on(offset_svc::server::start(config, CancellationToken::new()))
+            .unwrap()
     }
 
     /// A writer to the offset-svc at `uri`, started from the current runtime.
@@ -443,13 +450,7 @@ mod tests {
             .enable_all()
             .build()
             .unwrap();
-        let free = std::net::SocketAddr::from(([127, 0, 0, 1], 0));
-        let server = runtime
-            .block_on(offset_svc::server::start(
-                memory_offset_svc(free),
-                CancellationToken::new(),
-            ))
-            .unwrap();
+        let server = start_offset_svc(&runtime, std::net::SocketAddr::from(([127, 0, 0, 1], 0)));
         let addr = server.local_addr();
         let _inside = runtime.enter();
         let writer = writer_to(&format!("http://{addr}"));
@@ -460,12 +461,7 @@ mod tests {
 
         server.shutdown();
         runtime.block_on(server.wait()).unwrap();
-        let server = runtime
-            .block_on(offset_svc::server::start(
-                memory_offset_svc(addr),
-                CancellationToken::new(),
-            ))
-            .unwrap();
+        let server = start_offset_svc(&runtime, addr);
         let health = writer.health();
         writer.submit(cursor_job(2, told));
         assert_eq!(notices.recv_timeout(wait).unwrap(), WriteNotice::Durable);
@@ -484,10 +480,10 @@ mod tests {
             .enable_all()
             .build()
             .unwrap();
-        let config = memory_offset_svc(std::net::SocketAddr::from(([127, 0, 0, 1], 0)));
-        let server = server_runtime
-            .block_on(offset_svc::server::start(config, CancellationToken::new()))
-            .unwrap();
+        let server = start_offset_svc(
+            &server_runtime,
+            std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
+        );
         let uri = format!("http://{}", server.local_addr());
 
         let runtime = tokio::runtime::Builder::new_current_thread()

@@ -369,7 +369,8 @@ impl PullerGrpc {
         self.storage.waits_in_poll() && took >= IDLE_POLL
     }
 
-    fn limits(&self, max_records: u32, max_bytes: u32) -> PollLimits {
+    /// A poll's limits from a request's (0: this service's default) and the form it asks for.
+    fn limits(&self, max_records: u32, max_bytes: u32, stamping: Stamping) -> PollLimits {
         PollLimits {
             max_records: match max_records {
                 0 => self.limits.max_records,
@@ -379,7 +380,7 @@ impl PullerGrpc {
                 0 => self.limits.max_bytes,
                 n => (n as usize).min(grpc::MAX_PULL_BYTES),
             },
-            stamping: Stamping::Every,
+            stamping,
         }
     }
 
@@ -549,14 +550,12 @@ impl PullerService for PullerGrpc {
         let reader = parse_reader("reader", request.reader.as_ref())?;
         let partition = parse_partition("partition", &request.partition)?;
         let selection = Selection::of(partition, parse_positions("positions", &request.positions)?);
-        let limits = PollLimits {
-            stamping: if request.bare_frames {
-                Stamping::ExceptOwnFrames
-            } else {
-                Stamping::Every
-            },
-            ..self.limits(request.max_records, request.max_bytes)
+        let stamping = if request.bare_frames {
+            Stamping::ExceptOwnFrames
+        } else {
+            Stamping::Every
         };
+        let limits = self.limits(request.max_records, request.max_bytes, stamping);
         let slot = self.slot(&reader);
         let deadline = tokio::time::Instant::now()
             + Duration::from_millis(request.max_wait_ms.into()).min(MAX_WAIT);
@@ -777,7 +776,11 @@ impl PullerService for PullerGrpc {
         };
         let batch = self
             .storage
-            .pull_lite(&reader, &request.lite, self.limits(request.max_records, 0))
+            .pull_lite(
+                &reader,
+                &request.lite,
+                self.limits(request.max_records, 0, Stamping::Every),
+            )
             .await?;
         Ok(Response::new(pb::PullLiteResponse {
             batch: Some(to_response(batch)),
