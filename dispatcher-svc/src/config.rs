@@ -226,7 +226,7 @@ impl Default for DeliverySettings {
             backoff_jitter_percent: 20,
             default_max_in_flight: 256,
             max_in_flight_limit: 10_000,
-            topic_buffer_records: 20_000,
+            topic_buffer_records: 65_536,
             topic_buffer_kib: 64 * 1024,
             group_grace_ms: 60_000,
             ack_flush_ms: 0,
@@ -413,7 +413,7 @@ pub struct Args {
     /// Highest in-flight limit per session [default: 10000].
     #[arg(long, env = "EM_DISPATCHER_MAX_IN_FLIGHT_LIMIT")]
     pub max_in_flight_limit: Option<u32>,
-    /// Pulled records held per topic [default: 20000].
+    /// Pulled records held per topic [default: 65536].
     #[arg(long, env = "EM_DISPATCHER_TOPIC_BUFFER_RECORDS")]
     pub topic_buffer_records: Option<u32>,
     /// Pulled KiB held per topic [default: 65536].
