@@ -25,9 +25,13 @@ fn main() -> anyhow::Result<()> {
     else {
         return Ok(()); // --check-config: the report is printed
     };
-    eventmesh_common::runtime::build("puller-svc", config.worker_threads)
-        .context("starting the async runtime")?
-        .block_on(serve(config))
+    eventmesh_common::runtime::build_with_blocking(
+        "puller-svc",
+        config.worker_threads,
+        config.effective_blocking_threads(),
+    )
+    .context("starting the async runtime")?
+    .block_on(serve(config))
 }
 
 async fn serve(config: puller_svc::config::Config) -> anyhow::Result<()> {
