@@ -88,12 +88,25 @@ pub const MAX_WORKER_THREADS: usize = 1024;
 /// Checks the setting `worker_threads` (0: the runtime's default, else at most
 /// [`MAX_WORKER_THREADS`]).
 pub fn check_worker_threads(workers: usize) -> Result<(), ConfigError> {
-    if workers > MAX_WORKER_THREADS {
+    check_thread_count(
+        "worker_threads",
+        workers,
+        MAX_WORKER_THREADS,
+        "one per core the process may use",
+    )
+}
+
+/// Checks a thread-count setting `key`: at most `max`; `zero_means` says what 0 asks for.
+pub fn check_thread_count(
+    key: &'static str,
+    threads: usize,
+    max: usize,
+    zero_means: &str,
+) -> Result<(), ConfigError> {
+    if threads > max {
         return Err(ConfigError::Invalid {
-            key: "worker_threads",
-            message: format!(
-                "{workers} is more than {MAX_WORKER_THREADS} (0: one per core the process may use)"
-            ),
+            key,
+            message: format!("{threads} is more than {max} (0: {zero_means})"),
         });
     }
     Ok(())

@@ -7,7 +7,8 @@ use std::time::Duration;
 
 use clap::Parser;
 use eventmesh_common::config::{
-    ConfigError, ServiceArgs, apply, check_endpoint, check_worker_threads, load_file,
+    ConfigError, ServiceArgs, apply, check_endpoint, check_thread_count, check_worker_threads,
+    load_file,
 };
 use eventmesh_common::telemetry::LogFormat;
 use serde::{Deserialize, Serialize};
@@ -372,15 +373,12 @@ impl ServiceArgs for Args {
         apply(&mut config.worker_threads, self.worker_threads);
         check_worker_threads(config.worker_threads)?;
         apply(&mut config.blocking_threads, self.blocking_threads);
-        if config.blocking_threads > MAX_BLOCKING_THREADS {
-            return Err(ConfigError::Invalid {
-                key: "blocking_threads",
-                message: format!(
-                    "{} is more than {MAX_BLOCKING_THREADS} (0: by backend)",
-                    config.blocking_threads
-                ),
-            });
-        }
+        check_thread_count(
+            "blocking_threads",
+            config.blocking_threads,
+            MAX_BLOCKING_THREADS,
+            "by backend",
+        )?;
         apply(
             &mut config.dependency_timeout_ms,
             self.dependency_timeout_ms,
