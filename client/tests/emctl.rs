@@ -413,7 +413,7 @@ async fn bench_runs_on_the_local_log_and_twice_on_one_kafka_broker() {
 }
 
 /// Each service of a local instance runs as many async workers as it is given, and says so in
-/// its log; 0 leaves the service's default, a worker per core; by default the dispatcher keeps
+/// its log with huge pages off; 0 leaves the service's default, a worker per core; by default the dispatcher keeps
 /// that and the other two get a third of the cores.
 #[tokio::test]
 async fn a_local_instance_starts_each_service_with_its_worker_threads() {
@@ -447,6 +447,7 @@ async fn a_local_instance_starts_each_service_with_its_worker_threads() {
                 line.contains(&format!("workers={expected}")),
                 "{service} given {workers:?}: {line}"
             );
+            assert!(line.contains("huge_pages_off=true"), "{service}: {line}");
         }
     }
 }

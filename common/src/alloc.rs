@@ -7,11 +7,19 @@
 //! it may move the block) and publishes them as the Prometheus counters
 //! `process_heap_allocations_total` and `process_heap_allocated_bytes_total`
 //! ([`publish_every`]). Normal builds pay nothing for counting.
+//!
+//! Every service turns transparent huge pages off for its whole process
+//! ([`disable_huge_pages`], called when its runtime is built). mimalloc asks for huge pages on
+//! its segments, and the kernel then zeroes 2 MiB at the first touch of one: a scheduler trace
+//! showed such 3-5 ms faults in puller-svc's reads, on the path of an ACK's p99. Off, the
+//! half-load ACK → DURABLE p99 dropped (docs/BENCHMARKS.md); a service's memory is a few tens of
+//! MiB, where huge pages save little TLB.
 // `GlobalAlloc` is an unsafe trait; every method only adds to a counter and forwards to the
 // inner allocator with the caller's own arguments.
 #![allow(unsafe_code)]
 
 use std::alloc::{GlobalAlloc, Layout};
+use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
@@ -81,6 +89,26 @@ pub fn allocated_bytes() -> u64 {
     ALLOCATED_BYTES.load(Ordering::Relaxed)
 }
 
+/// Turns transparent huge pages off for this process and its future children (module doc):
+/// `prctl(PR_SET_THP_DISABLE)`. Memory already mapped is covered too: the kernel checks the flag
+/// at every fault and in khugepaged.
+pub fn disable_huge_pages() -> io::Result<()> {
+    // SAFETY: PR_SET_THP_DISABLE takes integer arguments only and changes a flag of the calling
+    // process; no memory is passed.
+    let status = unsafe { libc::prctl(libc::PR_SET_THP_DISABLE, 1, 0, 0, 0) };
+    if status == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// Whether transparent huge pages are off for this process (`prctl(PR_GET_THP_DISABLE)`).
+pub fn huge_pages_disabled() -> bool {
+    // SAFETY: PR_GET_THP_DISABLE takes no pointer; it returns the flag (or -1).
+    unsafe { libc::prctl(libc::PR_GET_THP_DISABLE, 0, 0, 0, 0) == 1 }
+}
+
 /// Sets the counters on the installed metrics recorder every `interval` (spawned on the
 /// current tokio runtime; runs until the process ends).
 pub fn publish_every(interval: Duration) {
@@ -111,5 +139,19 @@ mod tests {
         }
         assert!(allocations() > before);
         assert!(allocated_bytes() >= bytes_before + 64);
+    }
+
+    #[test]
+    fn huge_pages_are_turned_off_for_the_process() {
+        disable_huge_pages().unwrap_or_else(|error| panic!("prctl: {error}"));
+        assert!(huge_pages_disabled());
+        // The kernel's own view of the process, not only prctl's answer.
+        let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+        assert!(
+            status
+                .lines()
+                .any(|line| line.split_whitespace().eq(["THP_enabled:", "0"])),
+            "{status}"
+        );
     }
 }

@@ -10,11 +10,15 @@
 //! starts a worker per core and three schedulers compete for the same cores, and a session's
 //! work and its group's are handed between workers on different cores. On a small node fewer
 //! workers per service are faster (docs/CONFIG.md, "Worker threads").
+//!
+//! Building the runtime also turns transparent huge pages off for the process
+//! ([`crate::alloc::disable_huge_pages`]); the start-up line says whether that took
+//! (`huge_pages_off`), since a kernel without THP support refuses the call and nothing is lost.
 
 use std::io;
 
-/// Builds the runtime a service's `main` runs on, its threads named after the service.
-/// `worker_threads == 0` is tokio's default (module doc).
+/// Builds the runtime a service's `main` runs on, its threads named after the service, with
+/// huge pages off (module doc). `worker_threads == 0` is tokio's default.
 pub fn build(service: &str, worker_threads: usize) -> io::Result<tokio::runtime::Runtime> {
     build_with_blocking(service, worker_threads, 0)
 }
@@ -27,6 +31,8 @@ pub fn build_with_blocking(
     worker_threads: usize,
     blocking_threads: usize,
 ) -> io::Result<tokio::runtime::Runtime> {
+    // A refusal only leaves the kernel's default; `log_workers` reports the outcome.
+    let _ = crate::alloc::disable_huge_pages();
     let mut builder = tokio::runtime::Builder::new_multi_thread();
     if worker_threads > 0 {
         builder.worker_threads(worker_threads);
@@ -37,12 +43,13 @@ pub fn build_with_blocking(
     builder.enable_all().thread_name(service).build()
 }
 
-/// Logs the current runtime's worker threads (one line at start-up, `workers=N`), so an
-/// operator sees what the setting resolved to.
+/// Logs the current runtime's worker threads and whether huge pages are off (one line at
+/// start-up, `workers=N huge_pages_off=true`), so an operator sees what the settings resolved to.
 pub fn log_workers() {
     if let Ok(runtime) = tokio::runtime::Handle::try_current() {
         tracing::info!(
             workers = runtime.metrics().num_workers(),
+            huge_pages_off = crate::alloc::huge_pages_disabled(),
             "async runtime started"
         );
     }

@@ -71,7 +71,11 @@ fn main() -> anyhow::Result<()> {
     // The bench's client shares the machine with the instance it starts: it gets a share of
     // the cores as puller-svc and offset-svc do (0: tokio's default, as for every other command).
     let workers = match &command {
-        Command::Bench(args) => args.client_worker_threads(),
+        Command::Bench(args) => {
+            // As every service does (eventmesh_common::alloc), and `jetstream-bench` too.
+            turn_huge_pages_off();
+            args.client_worker_threads()
+        }
         _ => 0,
     };
     let mut runtime = tokio::runtime::Builder::new_multi_thread();
@@ -79,6 +83,15 @@ fn main() -> anyhow::Result<()> {
         runtime.worker_threads(workers);
     }
     runtime.enable_all().build()?.block_on(run(command))
+}
+
+/// Transparent huge pages off for this process (`prctl(PR_SET_THP_DISABLE)`): the bench's
+/// client then pays the same page faults as the services it measures. A refusal (a kernel
+/// without THP) changes nothing worth failing for.
+#[allow(unsafe_code)]
+fn turn_huge_pages_off() {
+    // SAFETY: integer arguments only; it sets a flag of this process.
+    let _ = unsafe { libc::prctl(libc::PR_SET_THP_DISABLE, 1, 0, 0, 0) };
 }
 
 async fn run(command: Command) -> anyhow::Result<()> {
