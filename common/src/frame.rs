@@ -310,27 +310,16 @@ impl Frame {
 
     /// Encodes the frame, enforcing `limits`.
     pub fn encode(&self, limits: &FrameLimits) -> Result<Bytes, FrameError> {
-        check_count(self.attributes.len(), limits)?;
-        check_data_len(self.data.len() as i64, limits)?;
-        for (name, value) in &self.attributes {
-            check_attribute(name, value, limits)?;
-        }
-        let len = self.encoded_len();
-        check_frame_len(len, limits)?;
-        let mut out = BytesMut::with_capacity(len);
-        out.put_u8(MAGIC);
-        out.put_u8(VERSION);
-        out.put_u8(self.msg_type);
-        out.put_u8(self.flags);
-        out.put_i32(self.seq);
-        // The limit checks above keep these casts lossless.
-        out.put_u16(self.attributes.len() as u16);
-        out.put_i32(self.data.len() as i32);
-        for (name, value) in &self.attributes {
-            put_attribute(&mut out, name, value);
-        }
-        out.put_slice(&self.data);
-        Ok(out.freeze())
+        let head = FrameHead {
+            msg_type: self.msg_type,
+            flags: self.flags,
+            seq: self.seq,
+        };
+        let attributes = self
+            .attributes
+            .iter()
+            .map(|(name, value)| (name.as_str(), value.as_str()));
+        encode_borrowed(head, attributes, &self.data, limits)
     }
 
     /// Decodes a frame, enforcing `limits`. The payload shares `buf`'s memory.
@@ -609,6 +598,66 @@ impl<'a> Reader<'a> {
 }
 
 /// Encoded size of one attribute.
+/// A frame's fixed fields other than its lengths.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FrameHead {
+    /// Message type ([`MSG_TYPE_EVENT`] for events).
+    pub msg_type: u8,
+    /// Flag bits.
+    pub flags: u8,
+    /// Stream sequence number (STREAM_CHUNK), 0 otherwise.
+    pub seq: i32,
+}
+
+impl FrameHead {
+    /// An event's head: [`MSG_TYPE_EVENT`], no flags, sequence 0 (as [`Frame::event`]).
+    pub const EVENT: FrameHead = FrameHead {
+        msg_type: MSG_TYPE_EVENT,
+        flags: 0,
+        seq: 0,
+    };
+}
+
+/// Encodes a frame from borrowed parts, enforcing `limits`: the bytes [`Frame::encode`]
+/// writes for a frame with these fields and attributes in this order, without building the
+/// [`Frame`] (no owned name or value per attribute). The caller gives each name once; a
+/// repeated name is written twice (a [`Frame`] would keep the last value).
+pub fn encode_borrowed<'a, I>(
+    head: FrameHead,
+    attributes: I,
+    data: &[u8],
+    limits: &FrameLimits,
+) -> Result<Bytes, FrameError>
+where
+    I: Iterator<Item = (&'a str, &'a str)> + Clone,
+{
+    // Checked in the order a decoder meets the fields: count, payload length, attributes.
+    let count = attributes.clone().count();
+    check_count(count, limits)?;
+    check_data_len(data.len() as i64, limits)?;
+    let mut attributes_len = 0;
+    for (name, value) in attributes.clone() {
+        check_attribute(name, value, limits)?;
+        attributes_len += attribute_len(name, value);
+    }
+    let len = HEADER_LEN + attributes_len + data.len();
+    check_frame_len(len, limits)?;
+    let mut out = BytesMut::with_capacity(len);
+    out.put_u8(MAGIC);
+    out.put_u8(VERSION);
+    out.put_u8(head.msg_type);
+    out.put_u8(head.flags);
+    out.put_i32(head.seq);
+    // The limit checks above keep these casts lossless.
+    out.put_u16(count as u16);
+    out.put_i32(data.len() as i32);
+    for (name, value) in attributes {
+        put_attribute(&mut out, name, value);
+    }
+    out.put_slice(data);
+    Ok(out.freeze())
+}
+
 fn attribute_len(name: &str, value: &str) -> usize {
     2 + name.len() + 4 + value.len()
 }

@@ -5,8 +5,8 @@
 
 use bytes::Bytes;
 use eventmesh_common::frame::{
-    Frame, FrameError, FrameLimits, FrameView, HEADER_LEN, INLINE_ATTRIBUTES, MSG_TYPE_EVENT,
-    append_attributes, check_layout, sniff,
+    Frame, FrameError, FrameHead, FrameLimits, FrameView, HEADER_LEN, INLINE_ATTRIBUTES,
+    MSG_TYPE_EVENT, append_attributes, check_layout, encode_borrowed, sniff,
 };
 use proptest::prelude::*;
 
@@ -353,6 +353,16 @@ proptest! {
         prop_assert_eq!(encoded.len(), frame.encoded_len());
         prop_assert!(sniff(&encoded));
         prop_assert_eq!(Frame::decode(&encoded, &DEFAULT).unwrap(), frame);
+    }
+
+    #[test]
+    fn borrowed_parts_encode_as_the_frame(frame in arb_frame()) {
+        let head = FrameHead { msg_type: frame.msg_type, flags: frame.flags, seq: frame.seq };
+        let attributes = frame.attributes().iter().map(|(n, v)| (n.as_str(), v.as_str()));
+        prop_assert_eq!(
+            encode_borrowed(head, attributes, &frame.data, &DEFAULT).unwrap(),
+            frame.encode(&DEFAULT).unwrap()
+        );
     }
 
     #[test]

@@ -14,8 +14,8 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use eventmesh_common::frame::{
-    ATTR_BINARY, Frame, FrameError, FrameLimits, FrameView, INLINE_ATTRIBUTES,
-    RESERVED_ATTR_PREFIX, check_layout, is_runtime_stamp,
+    ATTR_BINARY, Frame, FrameError, FrameHead, FrameLimits, FrameView, INLINE_ATTRIBUTES,
+    RESERVED_ATTR_PREFIX, check_layout, encode_borrowed, is_runtime_stamp,
 };
 use eventmesh_proto::client::Event;
 use smallvec::SmallVec;
@@ -71,39 +71,52 @@ pub fn encode_for_publish(mut event: Event) -> Result<(Bytes, String), Dispatche
     if event.id.is_empty() {
         event.id = new_event_id();
     }
-    let mut frame = Frame::event();
-    for (name, value) in [
-        (ID, &event.id),
-        (SOURCE, &event.source),
-        (TYPE, &event.r#type),
-        (SUBJECT, &event.subject),
-        (TIME, &event.time),
-        (DATA_CONTENT_TYPE, &event.data_content_type),
-    ] {
-        if !value.is_empty() {
-            frame.set_attribute(name, value.clone());
-        }
-    }
     // Sorted, so equal events encode equally.
-    let mut attributes: Vec<_> = event.attributes.into_iter().collect();
+    let mut attributes: SmallVec<[(&str, &str); INLINE_ATTRIBUTES]> = event
+        .attributes
+        .iter()
+        .map(|(name, value)| (name.as_str(), value.as_str()))
+        .collect();
     attributes.sort_unstable();
-    for (name, value) in attributes {
-        frame.set_attribute(name, value);
-    }
-    let mut binary: Vec<_> = event.binary_attributes.into_iter().collect();
-    binary.sort_unstable();
-    for (name, value) in binary {
-        frame.set_binary_attribute(&name, &value);
-    }
-    frame.data = event.data;
-    let body = frame
-        .encode(&FrameLimits::DEFAULT)
-        .map_err(|err| match err {
-            FrameError::FrameLength { .. } | FrameError::DataLength { .. } => {
-                DispatcherError::TooLarge(err.to_string())
-            }
-            other => DispatcherError::invalid("event", other.to_string()),
-        })?;
+    let context = [
+        (ID, event.id.as_str()),
+        (SOURCE, event.source.as_str()),
+        (TYPE, event.r#type.as_str()),
+        (SUBJECT, event.subject.as_str()),
+        (TIME, event.time.as_str()),
+        (DATA_CONTENT_TYPE, event.data_content_type.as_str()),
+    ]
+    .into_iter()
+    .filter(|(_, value)| !value.is_empty());
+    // The common case is written straight from the request's fields; names are unique (checked
+    // above), so this is the frame built attribute by attribute below.
+    let encoded = if event.binary_attributes.is_empty() {
+        let attributes = context.chain(attributes.iter().copied());
+        encode_borrowed(
+            FrameHead::EVENT,
+            attributes,
+            &event.data,
+            &FrameLimits::DEFAULT,
+        )
+    } else {
+        let mut frame = Frame::event();
+        for (name, value) in context.chain(attributes.iter().copied()) {
+            frame.set_attribute(name, value);
+        }
+        let mut binary: Vec<_> = event.binary_attributes.iter().collect();
+        binary.sort_unstable();
+        for (name, value) in binary {
+            frame.set_binary_attribute(name, value);
+        }
+        frame.data = event.data.clone();
+        frame.encode(&FrameLimits::DEFAULT)
+    };
+    let body = encoded.map_err(|err| match err {
+        FrameError::FrameLength { .. } | FrameError::DataLength { .. } => {
+            DispatcherError::TooLarge(err.to_string())
+        }
+        other => DispatcherError::invalid("event", other.to_string()),
+    })?;
     Ok((body, event.id))
 }
 
@@ -285,6 +298,38 @@ mod tests {
             let err = encode_for_publish(bad).unwrap_err();
             assert!(matches!(err, DispatcherError::InvalidArgument(_)), "{name}");
         }
+    }
+
+    /// Without binary attributes the frame is written from the request's fields directly: the
+    /// same bytes as building it attribute by attribute (context fields in order, then the
+    /// attributes sorted).
+    #[test]
+    fn a_text_event_is_written_as_its_frame() {
+        let mut full = event();
+        full.id = "e-1".into();
+        full.subject = "order/7".into();
+        full.data_content_type = "application/json".into();
+        for (name, value) in [("zone", "eu"), ("attempt", "2"), ("b", "")] {
+            full.attributes.insert(name.into(), value.into());
+        }
+        let (body, id) = encode_for_publish(full.clone()).unwrap();
+        assert_eq!(id, "e-1");
+        let mut expected = Frame::event();
+        for (name, value) in [
+            (ID, "e-1"),
+            (SOURCE, "/orders"),
+            (TYPE, "order.created"),
+            (SUBJECT, "order/7"),
+            (DATA_CONTENT_TYPE, "application/json"),
+            ("attempt", "2"),
+            ("b", ""),
+            ("tenant", "a"),
+            ("zone", "eu"),
+        ] {
+            expected.set_attribute(name, value);
+        }
+        expected.data = full.data.clone();
+        assert_eq!(body, expected.encode(&FrameLimits::DEFAULT).unwrap());
     }
 
     #[test]

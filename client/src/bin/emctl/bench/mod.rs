@@ -184,6 +184,8 @@ pub struct Row {
     /// Heap allocations of the dispatcher per delivered and ACKed event over the full load;
     /// only from a dispatcher built with `--features count-allocations`.
     pub dispatcher_allocs_per_event: Option<f64>,
+    /// The same per published event over the preload (batch publish through the dispatcher).
+    pub dispatcher_publish_allocs_per_event: Option<f64>,
     /// The full-load group's actors (its shards): seconds at work over the phase, all shards
     /// together, that per event in µs, and the rate the group could sustain with each shard
     /// on a core of its own (events / the busiest shard's seconds at work); `None` when the
@@ -380,9 +382,12 @@ async fn bench_one(
     let topic = format!("bench-{run_tag}-{size}-{streams}");
     let events = args.events;
     // 1. Preload.
+    let publish_allocations_before = dispatcher_allocations(instance).await;
     let started = Instant::now();
     publish(&clients.publisher, &topic, size, events, None).await?;
     let publish_per_sec = events as f64 / started.elapsed().as_secs_f64();
+    let dispatcher_publish_allocs_per_event =
+        allocations_per_event(instance, publish_allocations_before, events).await;
 
     // 2. Raw pull from puller-svc.
     let raw_pull_per_sec = raw_pull(instance, &topic, events).await?;
@@ -415,13 +420,8 @@ async fn bench_one(
     let elapsed = consumed.connected.elapsed().as_secs_f64();
     let cpu_elapsed = started.elapsed().as_secs_f64();
     let cpu_after = cpu_seconds(instance);
-    let allocations_after = match allocations_before {
-        Some(_) => dispatcher_allocations(instance).await,
-        None => None,
-    };
-    let dispatcher_allocs_per_event = allocations_before
-        .zip(allocations_after)
-        .map(|(before, after)| after.saturating_sub(before) as f64 / events as f64);
+    let dispatcher_allocs_per_event =
+        allocations_per_event(instance, allocations_before, events).await;
     if let Some(perf) = perf {
         stop_perf(perf).await;
     }
@@ -483,6 +483,7 @@ async fn bench_one(
         rss_mib_puller: rss[1],
         rss_mib_offset: rss[2],
         dispatcher_allocs_per_event,
+        dispatcher_publish_allocs_per_event,
         group_busy_secs,
         group_shards: group_busy.as_ref().map(Vec::len),
         group_us_per_event: group_busy_secs.map(|busy| busy * 1e6 / events as f64),
@@ -810,6 +811,18 @@ fn free_loopback_addr() -> anyhow::Result<std::net::SocketAddr> {
 /// The dispatcher's `process_heap_allocations_total`, when its build counts allocations
 /// (`None` at once otherwise). The counter is refreshed every 200 ms, so it is read again
 /// after that long: the value then covers everything done before the call.
+/// The dispatcher's heap allocations since `before` (its count at a phase's start) per event
+/// of the phase; `None` when it does not count them.
+async fn allocations_per_event(
+    instance: &LocalInstance,
+    before: Option<u64>,
+    events: u64,
+) -> Option<f64> {
+    let before = before?;
+    let after = dispatcher_allocations(instance).await?;
+    Some(after.saturating_sub(before) as f64 / events as f64)
+}
+
 async fn dispatcher_allocations(instance: &LocalInstance) -> Option<u64> {
     let addr = instance.metrics_addr(Service::Dispatcher);
     let read = async || {
