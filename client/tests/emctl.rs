@@ -413,8 +413,8 @@ async fn bench_runs_on_the_local_log_and_twice_on_one_kafka_broker() {
 }
 
 /// Each service of a local instance runs as many async workers as it is given, and says so in
-/// its log with huge pages off; 0 leaves the service's default, a worker per core; by default the dispatcher keeps
-/// that and the other two get a third of the cores.
+/// its log, with huge pages off; 0 leaves the service's default, a worker per core; by default
+/// the dispatcher keeps that and the other two get a third of the cores.
 #[tokio::test]
 async fn a_local_instance_starts_each_service_with_its_worker_threads() {
     let default = std::env::var("TOKIO_WORKER_THREADS").map_or_else(

@@ -12,8 +12,9 @@
 //! ([`disable_huge_pages`], called when its runtime is built). mimalloc asks for huge pages on
 //! its segments, and the kernel then zeroes 2 MiB at the first touch of one: a scheduler trace
 //! showed such 3-5 ms faults in puller-svc's reads, on the path of an ACK's p99. Off, the
-//! half-load ACK → DURABLE p99 dropped (docs/BENCHMARKS.md); a service's memory is a few tens of
-//! MiB, where huge pages save little TLB.
+//! half-load ACK → DURABLE p99 was lower in most A/Bs and every service's RSS a third to a half
+//! smaller (docs/BENCHMARKS.md, DECISIONS.md); a service's memory is a few tens of MiB, where
+//! huge pages save little TLB.
 // `GlobalAlloc` is an unsafe trait; every method only adds to a counter and forwards to the
 // inner allocator with the caller's own arguments.
 #![allow(unsafe_code)]

@@ -597,7 +597,6 @@ impl<'a> Reader<'a> {
     }
 }
 
-/// Encoded size of one attribute.
 /// A frame's fixed fields other than its lengths.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FrameHead {
@@ -658,6 +657,7 @@ where
     Ok(out.freeze())
 }
 
+/// Encoded size of one attribute.
 fn attribute_len(name: &str, value: &str) -> usize {
     2 + name.len() + 4 + value.len()
 }

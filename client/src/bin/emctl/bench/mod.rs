@@ -808,9 +808,6 @@ fn free_loopback_addr() -> anyhow::Result<std::net::SocketAddr> {
     Ok(listener.local_addr()?)
 }
 
-/// The dispatcher's `process_heap_allocations_total`, when its build counts allocations
-/// (`None` at once otherwise). The counter is refreshed every 200 ms, so it is read again
-/// after that long: the value then covers everything done before the call.
 /// The dispatcher's heap allocations since `before` (its count at a phase's start) per event
 /// of the phase; `None` when it does not count them.
 async fn allocations_per_event(
@@ -823,6 +820,9 @@ async fn allocations_per_event(
     Some(after.saturating_sub(before) as f64 / events as f64)
 }
 
+/// The dispatcher's `process_heap_allocations_total`, when its build counts allocations
+/// (`None` at once otherwise). The counter is refreshed every 200 ms, so it is read again
+/// after that long: the value then covers everything done before the call.
 async fn dispatcher_allocations(instance: &LocalInstance) -> Option<u64> {
     let addr = instance.metrics_addr(Service::Dispatcher);
     let read = async || {
