@@ -19,8 +19,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .bytes(".eventmesh")
         .compile_with_config(config, PROTOS, &["proto"])?;
     // The server side of the client API once more, sending Subscribe responses the dispatcher
-    // encoded itself and reading ACK ids without a String each (`crate::encoded`): every
-    // other type is the one generated above.
+    // encoded itself, reading ACK ids without a String each and a publish batch's entries as
+    // the bytes received (`crate::encoded`): every other type is the one generated above.
     let mut config = prost_build::Config::new();
     config.protoc_executable(protoc_bin_vendored::protoc_bin_path()?);
     let encoded_dir = out_dir.join("encoded");
@@ -35,6 +35,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .extern_path(
             ".eventmesh.v1.SubscribeRequest",
             "crate::encoded::SubscribeRequestIn",
+        )
+        .extern_path(
+            ".eventmesh.v1.PublishBatchRequest",
+            "crate::encoded::PublishBatchRequestIn",
         )
         .extern_path(".eventmesh.v1", "crate::eventmesh::v1")
         .compile_with_config(config, &[PROTOS[0]], &["proto"])?;

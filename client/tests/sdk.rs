@@ -51,6 +51,21 @@ async fn publish_range(client: &Client, topic: &str, range: std::ops::Range<u64>
     }
 }
 
+/// Subscribes from the earliest event and checks that exactly the `wanted` event ids are
+/// delivered (each ACKed).
+async fn assert_delivered(client: &Client, topic: &str, wanted: std::collections::HashSet<String>) {
+    let mut subscription = subscribe_earliest(client, topic).await;
+    let mut seen = std::collections::HashSet::new();
+    consume_distinct(
+        &mut subscription,
+        &mut seen,
+        wanted.len(),
+        Duration::from_secs(60),
+    )
+    .await;
+    assert_eq!(seen, wanted);
+}
+
 /// Receives and ACKs until `wanted` distinct event ids were seen; returns the instance that
 /// made the last delivery.
 async fn consume_distinct(
@@ -266,9 +281,7 @@ async fn no_reachable_endpoint_is_a_clear_error_after_the_deadline() {
 async fn batch_publish_answers_each_event_and_a_publisher_pipelines() {
     let dir = tempfile::tempdir().unwrap();
     let instance = instance(dir.path()).await;
-    let client = Client::connect(ClientConfig::new("batcher").endpoint(instance.endpoint()))
-        .await
-        .unwrap();
+    let client = connect(&instance, "batcher").await;
     let topic = "batched";
 
     let mut reserved = event(1);
@@ -359,6 +372,94 @@ async fn batch_publish_answers_each_event_and_a_publisher_pipelines() {
     );
 }
 
+/// A batch entry the generated message would refuse (a key or an event text that is not UTF-8)
+/// is refused alone, naming its entry: the dispatcher reads each entry in place, so the
+/// batch's other events are stored and delivered. Sent as raw entries, as no SDK could.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_malformed_entry_is_refused_alone_and_the_rest_of_its_batch_is_stored() {
+    use eventmesh_proto::client as pb;
+    use eventmesh_proto::encoded::PublishBatchRequestIn;
+    use prost::Message as _;
+    use prost::encoding::bytes::encode as put_bytes;
+
+    let dir = tempfile::tempdir().unwrap();
+    let instance = instance(dir.path()).await;
+    let topic = "malformed-entries";
+    let good = |n: u64| {
+        pb::PublishEntry {
+            event: Some(event(n)),
+            key: String::new(),
+        }
+        .encode_to_vec()
+    };
+    // Entry 1: a good event, then a key that is not UTF-8 (PublishEntry.key = 2).
+    let mut bad_key = good(1);
+    put_bytes(2, &vec![0xffu8, 0xfe], &mut bad_key);
+    // Entry 2: an event (PublishEntry.event = 1) whose source (Event.source = 2) is not UTF-8.
+    let mut bad_source = Vec::new();
+    put_bytes(2, &vec![0xc3u8, 0x28], &mut bad_source);
+    let mut bad_event = Vec::new();
+    put_bytes(1, &bad_source, &mut bad_event);
+    let request = PublishBatchRequestIn {
+        topic: topic.into(),
+        entries: vec![
+            good(0).into(),
+            bad_key.into(),
+            bad_event.into(),
+            good(3).into(),
+        ],
+    };
+    assert!(
+        pb::PublishBatchRequest::decode(request.encode_to_vec().as_slice()).is_err(),
+        "the generated message refuses the batch whole"
+    );
+    let channel = tonic::transport::Endpoint::from_shared(instance.endpoint())
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut grpc = tonic::client::Grpc::new(channel);
+    grpc.ready().await.unwrap();
+    let answer = grpc
+        .unary(
+            tonic::Request::new(request),
+            tonic::codegen::http::uri::PathAndQuery::from_static(
+                "/eventmesh.v1.EventMeshService/PublishBatch",
+            ),
+            tonic_prost::ProstCodec::<PublishBatchRequestIn, pb::PublishBatchResponse>::default(),
+        )
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(answer.outcomes.len(), 4);
+    for (i, outcome) in answer.outcomes.iter().enumerate() {
+        match (&outcome.outcome, i) {
+            (Some(pb::publish_outcome::Outcome::Stored(stored)), 0 | 3) => {
+                assert_eq!(stored.event_id, event_id(i as u64));
+            }
+            (Some(pb::publish_outcome::Outcome::Error(refused)), 1 | 2) => {
+                assert_eq!(refused.code, tonic::Code::InvalidArgument as i32);
+                assert!(
+                    refused.message.contains(&format!("entries[{i}]")),
+                    "{refused:?}"
+                );
+                assert!(refused.message.contains("UTF-8"), "{refused:?}");
+            }
+            other => panic!("entry {i}: {other:?}"),
+        }
+    }
+
+    let client = connect(&instance, "malformed").await;
+    client.publish(topic, event(99)).await.unwrap();
+    // The refused entries left nothing behind.
+    assert_delivered(
+        &client,
+        topic,
+        [0, 3, 99].into_iter().map(event_id).collect(),
+    )
+    .await;
+}
+
 /// The dispatcher takes a client batch up to its 17 MiB message limit and every event of it is
 /// stored and delivered (the puller's own limit leaves room for the runtime's stamps); a batch
 /// past the limit is refused whole with a status that says so, and nothing of it is stored.
@@ -412,16 +513,11 @@ async fn a_batch_at_the_message_limit_is_stored_and_one_past_it_is_refused_whole
     );
     assert!(status.message().contains("too large"), "{status:?}");
 
-    let client = Client::connect(ClientConfig::new("limits").endpoint(instance.endpoint()))
-        .await
-        .unwrap();
+    let client = connect(&instance, "limits").await;
     client.publish(topic, event(99)).await.unwrap();
-    let mut subscription = subscribe_earliest(&client, topic).await;
-    let mut seen = std::collections::HashSet::new();
-    consume_distinct(&mut subscription, &mut seen, 5, Duration::from_secs(60)).await;
-    let expected: std::collections::HashSet<String> =
-        [0, 1, 2, 3, 99].into_iter().map(event_id).collect();
-    assert_eq!(seen, expected, "the refused batch left nothing behind");
+    // The refused batch left nothing behind.
+    let expected = [0, 1, 2, 3, 99].into_iter().map(event_id).collect();
+    assert_delivered(&client, topic, expected).await;
 }
 
 /// A Publisher holds at most `max_in_flight_batches × max_batch_bytes` of events: with the
@@ -431,9 +527,7 @@ async fn a_batch_at_the_message_limit_is_stored_and_one_past_it_is_refused_whole
 async fn a_publisher_holds_a_bounded_number_of_bytes_while_the_server_is_frozen() {
     let dir = tempfile::tempdir().unwrap();
     let instance = instance(dir.path()).await;
-    let client = Client::connect(ClientConfig::new("bounded").endpoint(instance.endpoint()))
-        .await
-        .unwrap();
+    let client = connect(&instance, "bounded").await;
     let topic = "bounded";
     let publisher = Publisher::new(
         client.clone(),
@@ -470,16 +564,7 @@ async fn a_publisher_holds_a_bounded_number_of_bytes_while_the_server_is_frozen(
         answer.wait().await.unwrap();
         wanted.insert(event_id(n));
     }
-    let mut subscription = subscribe_earliest(&client, topic).await;
-    let mut seen = std::collections::HashSet::new();
-    consume_distinct(
-        &mut subscription,
-        &mut seen,
-        wanted.len(),
-        Duration::from_secs(60),
-    )
-    .await;
-    assert_eq!(seen, wanted);
+    assert_delivered(&client, topic, wanted).await;
 }
 
 /// An application that takes one delivery at a time and waits for its ACK's answer before the

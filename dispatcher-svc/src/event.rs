@@ -9,6 +9,7 @@
 //! `emmqoffset`, `empopck`): the `Delivery` carries the partition and offset in its own fields,
 //! and an event received can be published again as it is (Publish refuses `em` names).
 
+use std::borrow::Cow;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -17,6 +18,7 @@ use eventmesh_common::frame::{
     ATTR_BINARY, Frame, FrameError, FrameHead, FrameLimits, FrameView, INLINE_ATTRIBUTES,
     RESERVED_ATTR_PREFIX, check_layout, encode_borrowed, is_runtime_stamp,
 };
+use eventmesh_proto::TRACEPARENT_ATTRIBUTE;
 use eventmesh_proto::client::Event;
 use smallvec::SmallVec;
 
@@ -39,76 +41,141 @@ const CONTEXT_ATTRIBUTES: [&str; 7] = [
     SPEC_VERSION,
 ];
 
+/// A published event's fields, borrowed: from a decoded [`Event`] ([`PublishedEvent::of`]) or
+/// read in place from a request's bytes ([`crate::published`]). Each list names an attribute
+/// at most once (its constructors keep the last value of a repeated name, as decoding the
+/// protobuf map does).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PublishedEvent<'a> {
+    /// `id`, `source`, `type`, `subject`, `time`, `datacontenttype`, in the order of the
+    /// event's fields (1 to 6); empty when not set.
+    pub context: [&'a str; CONTEXT_FIELDS],
+    /// The text extension attributes, in no particular order.
+    pub attributes: SmallVec<[(&'a str, &'a str); INLINE_ATTRIBUTES]>,
+    /// The binary extension attributes, in no particular order (most events have none).
+    pub binary_attributes: SmallVec<[(&'a str, &'a [u8]); 2]>,
+    /// The payload.
+    pub data: &'a [u8],
+}
+
+impl<'a> PublishedEvent<'a> {
+    /// An event with no field set.
+    pub fn empty() -> Self {
+        PublishedEvent {
+            context: [""; CONTEXT_FIELDS],
+            attributes: SmallVec::new(),
+            binary_attributes: SmallVec::new(),
+            data: &[],
+        }
+    }
+
+    /// The fields of a decoded event.
+    pub fn of(event: &'a Event) -> Self {
+        PublishedEvent {
+            context: [
+                event.id.as_str(),
+                event.source.as_str(),
+                event.r#type.as_str(),
+                event.subject.as_str(),
+                event.time.as_str(),
+                event.data_content_type.as_str(),
+            ],
+            attributes: event
+                .attributes
+                .iter()
+                .map(|(name, value)| (name.as_str(), value.as_str()))
+                .collect(),
+            binary_attributes: event
+                .binary_attributes
+                .iter()
+                .map(|(name, value)| (name.as_str(), value.as_ref()))
+                .collect(),
+            data: &event.data,
+        }
+    }
+
+    /// Gives the event a trace context unless it carries its own (as text or bytes), as
+    /// [`Event::carry_traceparent`] does.
+    pub fn carry_traceparent(&mut self, traceparent: &'a str) {
+        let named = |name: &str| name == TRACEPARENT_ATTRIBUTE;
+        if self.binary_attributes.iter().any(|(name, _)| named(name))
+            || self.attributes.iter().any(|(name, _)| named(name))
+        {
+            return;
+        }
+        self.attributes.push((TRACEPARENT_ATTRIBUTE, traceparent));
+    }
+}
+
 /// Encodes a published event as a frame, generating its id when empty. Returns the frame and
 /// the event id.
-pub fn encode_for_publish(mut event: Event) -> Result<(Bytes, String), DispatcherError> {
-    for name in event.binary_attributes.keys() {
-        if event.attributes.contains_key(name) {
+pub fn encode_for_publish(event: Event) -> Result<(Bytes, String), DispatcherError> {
+    encode_published(PublishedEvent::of(&event)).map(|(body, id)| (body, id.into_owned()))
+}
+
+/// Encodes a published event as a frame, generating its id when empty: the frame and the
+/// event id (borrowed from the event unless generated). Refuses a name in both attribute
+/// lists, names reserved for the runtime or naming a context attribute, and what does not fit
+/// [`FrameLimits::DEFAULT`].
+pub fn encode_published(
+    mut event: PublishedEvent<'_>,
+) -> Result<(Bytes, Cow<'_, str>), DispatcherError> {
+    for (name, _) in &event.binary_attributes {
+        if event.attributes.iter().any(|(text, _)| text == name) {
             return Err(DispatcherError::invalid(
                 format!("event.binary_attributes[{name:?}]"),
                 "is also a text attribute; a name is in one map only",
             ));
         }
     }
-    for name in event
-        .attributes
-        .keys()
-        .chain(event.binary_attributes.keys())
-    {
+    let names = event.attributes.iter().map(|(name, _)| *name);
+    for name in names.chain(event.binary_attributes.iter().map(|(name, _)| *name)) {
         if name.starts_with(RESERVED_ATTR_PREFIX) {
             return Err(DispatcherError::invalid(
                 format!("event.attributes[{name:?}]"),
                 "attribute names starting with `em` are reserved for the runtime",
             ));
         }
-        if CONTEXT_ATTRIBUTES.contains(&name.as_str()) {
+        if CONTEXT_ATTRIBUTES.contains(&name) {
             return Err(DispatcherError::invalid(
                 format!("event.attributes[{name:?}]"),
                 "is a CloudEvents context attribute; set the event's field instead",
             ));
         }
     }
-    if event.id.is_empty() {
-        event.id = new_event_id();
-    }
-    // Sorted, so equal events encode equally.
-    let mut attributes: SmallVec<[(&str, &str); INLINE_ATTRIBUTES]> = event
-        .attributes
+    let id = match event.context[0] {
+        "" => Cow::Owned(new_event_id()),
+        given => Cow::Borrowed(given),
+    };
+    let mut values = event.context;
+    values[0] = &id;
+    // Sorted (names are unique), so equal events encode equally.
+    event.attributes.sort_unstable();
+    let context = CONTEXT_ATTRIBUTES[..CONTEXT_FIELDS]
         .iter()
-        .map(|(name, value)| (name.as_str(), value.as_str()))
-        .collect();
-    attributes.sort_unstable();
-    let context = [
-        (ID, event.id.as_str()),
-        (SOURCE, event.source.as_str()),
-        (TYPE, event.r#type.as_str()),
-        (SUBJECT, event.subject.as_str()),
-        (TIME, event.time.as_str()),
-        (DATA_CONTENT_TYPE, event.data_content_type.as_str()),
-    ]
-    .into_iter()
-    .filter(|(_, value)| !value.is_empty());
-    // The common case is written straight from the request's fields; names are unique (checked
-    // above), so this is the frame built attribute by attribute below.
+        .copied()
+        .zip(values)
+        .filter(|(_, value)| !value.is_empty());
+    // The common case is written straight from the borrowed fields; names are unique, so
+    // this is the frame built attribute by attribute below.
     let encoded = if event.binary_attributes.is_empty() {
-        let attributes = context.chain(attributes.iter().copied());
+        let attributes = context.chain(event.attributes.iter().copied());
         encode_borrowed(
             FrameHead::EVENT,
             attributes,
-            &event.data,
+            event.data,
             &FrameLimits::DEFAULT,
         )
     } else {
         let mut frame = Frame::event();
-        for (name, value) in context.chain(attributes.iter().copied()) {
+        for (name, value) in context.chain(event.attributes.iter().copied()) {
             frame.set_attribute(name, value);
         }
-        let mut binary: Vec<_> = event.binary_attributes.iter().collect();
-        binary.sort_unstable();
-        for (name, value) in binary {
+        event.binary_attributes.sort_unstable();
+        for (name, value) in &event.binary_attributes {
             frame.set_binary_attribute(name, value);
         }
-        frame.data = event.data.clone();
+        frame.data = Bytes::copy_from_slice(event.data);
         frame.encode(&FrameLimits::DEFAULT)
     };
     let body = encoded.map_err(|err| match err {
@@ -117,7 +184,7 @@ pub fn encode_for_publish(mut event: Event) -> Result<(Bytes, String), Dispatche
         }
         other => DispatcherError::invalid("event", other.to_string()),
     })?;
-    Ok((body, event.id))
+    Ok((body, id))
 }
 
 /// Whether a pulled frame will decode into an event: [`read_for_delivery`]'s checks, without

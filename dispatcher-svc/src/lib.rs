@@ -40,6 +40,7 @@ pub mod group;
 pub mod lag;
 pub mod limits;
 pub mod offset_writer;
+pub mod published;
 pub mod pulling;
 pub mod registry;
 pub mod responses;

@@ -29,7 +29,7 @@ use eventmesh_proto::client::{
     AckOutcome, StartPosition, SubscribeRequest, SubscriptionMode, subscribe_request,
 };
 use eventmesh_proto::encoded::server::event_mesh_service_server::EventMeshService;
-use eventmesh_proto::encoded::{SubscribeRequestIn, SubscribeResponseBytes};
+use eventmesh_proto::encoded::{PublishBatchRequestIn, SubscribeRequestIn, SubscribeResponseBytes};
 use eventmesh_proto::puller::PublishBatchRequest as PullerPublishBatch;
 use eventmesh_proto::puller::PublishRequest as PullerPublish;
 use eventmesh_proto::puller::puller_service_client::PullerServiceClient;
@@ -41,8 +41,9 @@ use tracing::Instrument;
 use crate::cluster::load::Asker;
 use crate::delivery_id::DeliveryId;
 use crate::error::DispatcherError;
-use crate::event::encode_for_publish;
+use crate::event::{PublishedEvent, encode_published};
 use crate::group::{Answer, AnsweredId, Credits, GroupCmd, Outbound, SessionLink, SettleOp};
+use crate::published::read_entry;
 use crate::registry::{GroupKey, Shared};
 use crate::responses::Responses;
 
@@ -108,8 +109,8 @@ struct PreparedPublish {
 
 /// Checks a publish's key and event and encodes the event (an empty event id is generated).
 fn prepare_publish(
-    key: String,
-    event: Option<pb::Event>,
+    key: Bytes,
+    event: Option<PublishedEvent<'_>>,
 ) -> Result<PreparedPublish, DispatcherError> {
     let max_key = eventmesh_common::grpc::MAX_RECORD_KEY_BYTES;
     if key.len() > max_key {
@@ -119,22 +120,22 @@ fn prepare_publish(
         ));
     }
     let event = event.ok_or_else(|| DispatcherError::invalid("event", "required"))?;
-    let (body, event_id) = encode_for_publish(event)?;
+    let (body, event_id) = encode_published(event)?;
     Ok(PreparedPublish {
         record: eventmesh_proto::puller::BatchRecord {
             body,
-            key: key.into_bytes().into(),
+            key,
             partition: String::new(),
         },
-        event_id,
+        event_id: event_id.into_owned(),
     })
 }
 
 /// Gives each event published without a trace context the publish span's (when sampled), so
 /// its later hops join the publish's trace; a producer's own context is never replaced.
-fn stamp_trace<'a>(span: &tracing::Span, events: impl Iterator<Item = &'a mut pb::Event>) {
-    if let Some(traceparent) = trace_context::sampled_traceparent(span) {
-        events.for_each(|event| event.carry_traceparent(&traceparent));
+fn stamp_trace<'a>(traceparent: Option<&'a str>, event: Option<&mut PublishedEvent<'a>>) {
+    if let (Some(traceparent), Some(event)) = (traceparent, event) {
+        event.carry_traceparent(traceparent);
     }
 }
 
@@ -281,10 +282,12 @@ impl EventMeshService for EventMeshGrpc {
             Operation::PUBLISH,
             &request.get_ref().topic,
         );
-        let mut request = request.into_inner();
+        let request = request.into_inner();
         let topic = Topic::new(request.topic).map_err(|e| FieldError::new("topic", e))?;
-        stamp_trace(&span, request.event.iter_mut());
-        let prepared = prepare_publish(request.key, request.event)?;
+        let traceparent = trace_context::sampled_traceparent(&span);
+        let mut event = request.event.as_ref().map(PublishedEvent::of);
+        stamp_trace(traceparent.as_deref(), event.as_mut());
+        let prepared = prepare_publish(request.key.into_bytes().into(), event)?;
         let published_bytes = prepared.record.body.len();
         let event_id = prepared.event_id;
         let publish = PullerPublish {
@@ -317,7 +320,7 @@ impl EventMeshService for EventMeshGrpc {
 
     async fn publish_batch(
         &self,
-        request: Request<pb::PublishBatchRequest>,
+        request: Request<PublishBatchRequestIn>,
     ) -> Result<Response<pb::PublishBatchResponse>, Status> {
         let _in_progress = self.shared.publishes.try_enter()?;
         let span = entry_span(&request, None, Operation::PUBLISH, &request.get_ref().topic);
@@ -325,7 +328,7 @@ impl EventMeshService for EventMeshGrpc {
             "messaging.batch.message_count",
             request.get_ref().entries.len() as u64,
         );
-        let mut request = request.into_inner();
+        let request = request.into_inner();
         let topic = Topic::new(request.topic).map_err(|e| FieldError::new("topic", e))?;
         let max = eventmesh_common::grpc::MAX_PUBLISH_BATCH;
         if request.entries.len() > max {
@@ -335,13 +338,7 @@ impl EventMeshService for EventMeshGrpc {
             )
             .into());
         }
-        stamp_trace(
-            &span,
-            request
-                .entries
-                .iter_mut()
-                .filter_map(|entry| entry.event.as_mut()),
-        );
+        let traceparent = trace_context::sampled_traceparent(&span);
         // Bad events are answered here; the others go to the puller as one batch and their
         // answers are put back in request order.
         let mut outcomes: Vec<Option<pb::PublishOutcome>> = vec![None; request.entries.len()];
@@ -349,8 +346,13 @@ impl EventMeshService for EventMeshGrpc {
         // For each record sent: its entry and event id.
         let mut sent = Vec::with_capacity(request.entries.len());
         let mut published_bytes = 0;
-        for (i, entry) in request.entries.into_iter().enumerate() {
-            match prepare_publish(entry.key, entry.event) {
+        for (i, entry) in request.entries.iter().enumerate() {
+            // Read in place: the event's fields and key are slices of the received entry.
+            let prepared = read_entry(entry).and_then(|mut read| {
+                stamp_trace(traceparent.as_deref(), read.event.as_mut());
+                prepare_publish(entry.slice_ref(read.key.as_bytes()), read.event)
+            });
+            match prepared {
                 Ok(prepared) => {
                     published_bytes += prepared.record.body.len();
                     records.push(prepared.record);

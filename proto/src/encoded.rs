@@ -1,4 +1,4 @@
-//! Subscribe responses a server encodes itself.
+//! Messages a server encodes or reads itself.
 //!
 //! A dispatcher sends most of a session's bytes as `Delivery` messages made from frames it
 //! already holds. Building a [`client::Delivery`] for each (the event's strings and attribute
@@ -11,7 +11,9 @@
 //!
 //! The other way, [`SubscribeRequestIn`] reads a client's `SubscribeRequest` keeping an
 //! `Ack`'s delivery ids as the bytes received (slices of the received message) instead of a
-//! `String` each: a server checks and parses every id anyway, and most become numbers.
+//! `String` each: a server checks and parses every id anyway, and most become numbers. And
+//! [`PublishBatchRequestIn`] reads a `PublishBatchRequest` keeping each entry as the bytes
+//! received: the dispatcher writes each event's frame from them in place.
 //!
 //! Whoever builds a [`SubscribeResponseBytes`] from raw bytes vouches that they are a valid
 //! encoding of an `eventmesh.v1.SubscribeResponse`; [`SubscribeResponseBytes::decode_message`]
@@ -214,6 +216,85 @@ impl Message for SubscribeRequestIn {
     }
 }
 
+/// `PublishBatchRequest.topic`.
+const PUBLISH_BATCH_TOPIC: u32 = 1;
+/// `PublishBatchRequest.entries`.
+const PUBLISH_BATCH_ENTRIES: u32 = 2;
+
+/// A `PublishBatchRequest` as a server reads it: each entry kept as the bytes received (a
+/// slice of the received message) instead of an `Event` of owned strings and maps. A server
+/// reads each entry in place, and an entry that is not a valid `PublishEntry` is that entry's
+/// error rather than the whole request's. The topic is decoded as usual.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct PublishBatchRequestIn {
+    /// The destination topic.
+    pub topic: String,
+    /// Each entry, an encoded `PublishEntry` (not checked here), in order.
+    pub entries: Vec<Bytes>,
+}
+
+impl From<client::PublishBatchRequest> for PublishBatchRequestIn {
+    /// The request as a server reads it (each entry encoded).
+    fn from(request: client::PublishBatchRequest) -> Self {
+        PublishBatchRequestIn {
+            topic: request.topic,
+            entries: request
+                .entries
+                .iter()
+                .map(|entry| entry.encode_to_vec().into())
+                .collect(),
+        }
+    }
+}
+
+impl Message for PublishBatchRequestIn {
+    /// Encodes as the `PublishBatchRequest` it stands for (a server never sends one; tests do).
+    fn encode_raw(&self, buf: &mut impl BufMut) {
+        if !self.topic.is_empty() {
+            prost::encoding::string::encode(PUBLISH_BATCH_TOPIC, &self.topic, buf);
+        }
+        prost::encoding::bytes::encode_repeated(PUBLISH_BATCH_ENTRIES, &self.entries, buf);
+    }
+
+    /// The generated message's rules: the last topic wins, entries add up in order, unknown
+    /// fields are skipped; a topic that is not UTF-8 fails the request.
+    fn merge_field(
+        &mut self,
+        tag: u32,
+        wire_type: WireType,
+        buf: &mut impl Buf,
+        ctx: DecodeContext,
+    ) -> Result<(), prost::DecodeError> {
+        match tag {
+            PUBLISH_BATCH_TOPIC => {
+                prost::encoding::string::merge(wire_type, &mut self.topic, buf, ctx)
+            }
+            PUBLISH_BATCH_ENTRIES => {
+                // A slice of the received message, not a copy (`Buf::copy_to_bytes` of the
+                // received `Bytes`).
+                let mut entry = Bytes::new();
+                prost::encoding::bytes::merge(wire_type, &mut entry, buf, ctx)?;
+                self.entries.push(entry);
+                Ok(())
+            }
+            _ => skip_field(wire_type, tag, buf, ctx),
+        }
+    }
+
+    fn encoded_len(&self) -> usize {
+        let topic = if self.topic.is_empty() {
+            0
+        } else {
+            prost::encoding::string::encoded_len(PUBLISH_BATCH_TOPIC, &self.topic)
+        };
+        topic + prost::encoding::bytes::encoded_len_repeated(PUBLISH_BATCH_ENTRIES, &self.entries)
+    }
+
+    fn clear(&mut self) {
+        *self = PublishBatchRequestIn::default();
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
@@ -318,5 +399,86 @@ mod tests {
         // A truncated Ack is an error.
         let wire = ack(&["1.2.3"]).encode_to_vec();
         assert!(SubscribeRequestIn::decode(&wire[..wire.len() - 1]).is_err());
+    }
+
+    fn batch() -> client::PublishBatchRequest {
+        let event = client::Event {
+            id: "e-1".into(),
+            source: "/orders".into(),
+            attributes: [("tenant".into(), "a".into())].into(),
+            data: Bytes::from_static(b"{}"),
+            ..client::Event::default()
+        };
+        client::PublishBatchRequest {
+            topic: "orders".into(),
+            entries: vec![
+                client::PublishEntry {
+                    event: Some(event),
+                    key: "k".into(),
+                },
+                client::PublishEntry::default(),
+            ],
+        }
+    }
+
+    #[test]
+    fn a_batch_reads_with_each_entry_as_its_bytes() {
+        for request in [batch(), client::PublishBatchRequest::default()] {
+            let wire = request.encode_to_vec();
+            let read = PublishBatchRequestIn::decode(Bytes::from(wire.clone())).unwrap();
+            assert_eq!(read, PublishBatchRequestIn::from(request.clone()));
+            assert_eq!(read.topic, request.topic);
+            for (bytes, entry) in read.entries.iter().zip(&request.entries) {
+                assert_eq!(
+                    &client::PublishEntry::decode(bytes.as_ref()).unwrap(),
+                    entry
+                );
+            }
+            assert_eq!(read.encode_to_vec(), wire, "and encodes back the same");
+            assert_eq!(read.encoded_len(), wire.len());
+        }
+    }
+
+    #[test]
+    fn a_batchs_entries_are_slices_of_the_received_bytes() {
+        let wire = Bytes::from(batch().encode_to_vec());
+        let read = PublishBatchRequestIn::decode(wire.clone()).unwrap();
+        let range = wire.as_ptr_range();
+        // (The second entry is empty: nothing to point at.)
+        assert!(!read.entries[0].is_empty());
+        let first = read.entries[0].as_ptr_range();
+        assert!(
+            range.start <= first.start && first.end <= range.end,
+            "not copied"
+        );
+    }
+
+    #[test]
+    fn a_batch_follows_the_generated_messages_rules() {
+        // A bad entry is kept as its bytes (the generated message refuses the whole batch).
+        let mut wire = batch().encode_to_vec();
+        prost::encoding::bytes::encode(PUBLISH_BATCH_ENTRIES, &vec![0xffu8, 0xff], &mut wire);
+        assert!(client::PublishBatchRequest::decode(wire.as_slice()).is_err());
+        let read = PublishBatchRequestIn::decode(wire.as_slice()).unwrap();
+        assert_eq!(read.entries.len(), 3);
+        assert_eq!(read.entries[2].as_ref(), &[0xff, 0xff]);
+        // An unknown field is skipped; a later topic wins.
+        let mut wire = batch().encode_to_vec();
+        prost::encoding::encode_key(9, WireType::Varint, &mut wire);
+        prost::encoding::encode_varint(1, &mut wire);
+        prost::encoding::string::encode(PUBLISH_BATCH_TOPIC, &"later".to_owned(), &mut wire);
+        let read = PublishBatchRequestIn::decode(wire.as_slice()).unwrap();
+        assert_eq!(read.topic, "later");
+        assert_eq!(read.entries.len(), 2);
+        // An entry of the wrong wire type, a truncated entry, a topic that is not text: errors.
+        let mut wire = Vec::new();
+        prost::encoding::encode_key(PUBLISH_BATCH_ENTRIES, WireType::Varint, &mut wire);
+        prost::encoding::encode_varint(1, &mut wire);
+        assert!(PublishBatchRequestIn::decode(wire.as_slice()).is_err());
+        let wire = batch().encode_to_vec();
+        assert!(PublishBatchRequestIn::decode(&wire[..wire.len() - 1]).is_err());
+        let mut wire = Vec::new();
+        prost::encoding::bytes::encode(PUBLISH_BATCH_TOPIC, &vec![0xffu8], &mut wire);
+        assert!(PublishBatchRequestIn::decode(wire.as_slice()).is_err());
     }
 }
