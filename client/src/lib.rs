@@ -65,7 +65,7 @@ pub use client::{Client, Published, new_event_id};
 pub use config::{ClientConfig, DEFAULT_ENDPOINT, HTTP2_MAX_FRAME_SIZE};
 pub use error::ClientError;
 pub use eventmesh_proto::client::Event;
-pub use publisher::{PendingPublish, Publisher, PublisherOptions};
+pub use publisher::{PendingPublish, Publisher, PublisherOptions, PublisherStats};
 
 /// The largest event payload (`Event::data`) a Publish accepts: 8 MiB.
 pub const MAX_EVENT_DATA_BYTES: usize = 8 * 1024 * 1024;

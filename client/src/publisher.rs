@@ -2,11 +2,17 @@
 //!
 //! [`Publisher::submit`] queues an event and returns a [`PendingPublish`] that resolves to its
 //! own answer once the event is stored, so a caller keeps thousands in flight without a task
-//! per event. A background task takes what is queued — as much as is ready, never waiting for
-//! more, so a lone event goes out at once — into batches of at most
+//! per event. A background task takes what is queued into batches of at most
 //! [`PublisherOptions::max_batch_events`] events and [`PublisherOptions::max_batch_bytes`]
 //! bytes, with at most [`PublisherOptions::max_in_flight_batches`] batches in flight
 //! ([`Client::publish_batch`], with its per-event retry rule: every event keeps its id).
+//!
+//! When a batch goes: with no batch in flight, at once with what is queued (a lone event is
+//! never held back). While others are in flight, a batch that is not full waits for more events
+//! until it is full or one of those batches is answered. A call costs the server about the same
+//! whatever its size, so a steady stream of events goes out as a few large batches, one per
+//! answer, rather than as `max_in_flight_batches` small ones; a burst that fills batches still
+//! gets all of them in flight. [`Publisher::stats`] counts the batches sent.
 //!
 //! Memory is bounded: queued and in-flight events hold at most
 //! `max_batch_events × max_in_flight_batches` events and `max_batch_bytes ×
@@ -20,10 +26,11 @@
 //! and answered.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use eventmesh_proto::client as pb;
 use prost::Message;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 
 use crate::client::{Client, MAX_MESSAGE, Published, new_event_id};
 use crate::error::ClientError;
@@ -65,6 +72,23 @@ pub struct Publisher {
     room: Arc<Semaphore>,
     room_bytes: usize,
     topic: Arc<str>,
+    sent: Arc<Sent>,
+}
+
+/// What a [`Publisher`] has sent so far (its clones' events included).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PublisherStats {
+    /// `PublishBatch` calls made (a retry of a failed call is not counted again).
+    pub batches: u64,
+    /// Events in those calls.
+    pub events: u64,
+}
+
+/// The counters behind [`PublisherStats`].
+#[derive(Debug, Default)]
+struct Sent {
+    batches: AtomicU64,
+    events: AtomicU64,
 }
 
 /// One event waiting for its batch.
@@ -104,13 +128,29 @@ impl Publisher {
         let (queue, queued) =
             mpsc::channel(options.max_batch_events * options.max_in_flight_batches);
         let topic: Arc<str> = topic.into().into();
-        tokio::spawn(run_batches(client, topic.to_string(), options, queued));
+        let sent = Arc::new(Sent::default());
+        tokio::spawn(run_batches(
+            client,
+            topic.to_string(),
+            options,
+            queued,
+            Arc::clone(&sent),
+        ));
         let room_bytes = options.max_batch_bytes * options.max_in_flight_batches;
         Publisher {
             queue,
             room: Arc::new(Semaphore::new(room_bytes)),
             room_bytes,
             topic,
+            sent,
+        }
+    }
+
+    /// The batches and events sent so far.
+    pub fn stats(&self) -> PublisherStats {
+        PublisherStats {
+            batches: self.sent.batches.load(Ordering::Relaxed),
+            events: self.sent.events.load(Ordering::Relaxed),
         }
     }
 
@@ -157,8 +197,11 @@ async fn run_batches(
     topic: String,
     options: PublisherOptions,
     mut queued: mpsc::Receiver<Queued>,
+    sent: Arc<Sent>,
 ) {
     let in_flight = Arc::new(Semaphore::new(options.max_in_flight_batches));
+    // Told each time a batch is answered.
+    let answered = Arc::new(Notify::new());
     // An event taken from the queue that did not fit the previous batch.
     let mut carried: Option<Queued> = None;
     loop {
@@ -172,26 +215,77 @@ async fn run_batches(
                 None => return,
             },
         };
-        let mut bytes = first.event.encoded_len() + first.key.len();
-        let mut batch = vec![first];
-        while batch.len() < options.max_batch_events {
+        let mut batch = Batch::new(first, options);
+        // What is ready now.
+        while !batch.full() {
             let Ok(next) = queued.try_recv() else {
                 break;
             };
-            let size = next.event.encoded_len() + next.key.len();
-            if bytes + size > options.max_batch_bytes {
-                carried = Some(next);
-                break;
-            }
-            bytes += size;
-            batch.push(next);
+            carried = batch.add(next);
         }
+        // Others in flight (this batch holds a permit too): linger for more until full or one
+        // of them is answered. Listening before looking: an answer after the look is heard,
+        // one before it shows in the permits.
+        let answer = answered.notified();
+        tokio::pin!(answer);
+        answer.as_mut().enable();
+        while !batch.full() && options.max_in_flight_batches - in_flight.available_permits() > 1 {
+            tokio::select! {
+                biased;
+                () = &mut answer => break,
+                next = queued.recv() => match next {
+                    Some(next) => carried = batch.add(next),
+                    None => break,
+                },
+            }
+        }
+        sent.batches.fetch_add(1, Ordering::Relaxed);
+        sent.events
+            .fetch_add(batch.events.len() as u64, Ordering::Relaxed);
         let client = client.clone();
         let topic = topic.clone();
+        let answered = Arc::clone(&answered);
         tokio::spawn(async move {
-            send_batch(&client, &topic, batch).await;
+            send_batch(&client, &topic, batch.events).await;
             drop(permit);
+            answered.notify_waiters();
         });
+    }
+}
+
+/// A batch being formed.
+struct Batch {
+    events: Vec<Queued>,
+    bytes: usize,
+    options: PublisherOptions,
+    /// An event did not fit: the batch goes as it is.
+    closed: bool,
+}
+
+impl Batch {
+    fn new(first: Queued, options: PublisherOptions) -> Self {
+        Batch {
+            bytes: first.event.encoded_len() + first.key.len(),
+            events: vec![first],
+            options,
+            closed: false,
+        }
+    }
+
+    fn full(&self) -> bool {
+        self.closed || self.events.len() >= self.options.max_batch_events
+    }
+
+    /// Adds `next`, or gives it back (and closes the batch) when it does not fit.
+    fn add(&mut self, next: Queued) -> Option<Queued> {
+        let size = next.event.encoded_len() + next.key.len();
+        if self.bytes + size > self.options.max_batch_bytes {
+            self.closed = true;
+            return Some(next);
+        }
+        self.bytes += size;
+        self.events.push(next);
+        None
     }
 }
 

@@ -567,6 +567,69 @@ async fn a_publisher_holds_a_bounded_number_of_bytes_while_the_server_is_frozen(
     assert_delivered(&client, topic, wanted).await;
 }
 
+/// While a batch is in flight, a Publisher gathers what is submitted into the next batch until
+/// that one is answered (or the next is full) instead of sending it as several small batches;
+/// with nothing in flight, a lone event goes at once. The dispatcher is frozen (SIGSTOP) so the
+/// first batch stays in flight while a hundred more events are submitted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_publisher_gathers_events_while_a_batch_is_in_flight() {
+    use eventmesh_client::PublisherStats;
+
+    let dir = tempfile::tempdir().unwrap();
+    let instance = instance(dir.path()).await;
+    let client = connect(&instance, "gatherer").await;
+    let topic = "gathered";
+    let publisher = Publisher::new(client.clone(), topic, PublisherOptions::default());
+    // Alone, with nothing in flight: sent at once, one batch.
+    publisher.publish("", event(0)).await.unwrap();
+    assert_eq!(
+        publisher.stats(),
+        PublisherStats {
+            batches: 1,
+            events: 1
+        }
+    );
+    instance.signal(Service::Dispatcher, "STOP").unwrap();
+    let mut pending = vec![(1, publisher.submit("", event(1)).await.unwrap())];
+    let in_flight = tokio::time::Instant::now() + Duration::from_secs(5);
+    while publisher.stats().batches < 2 {
+        assert!(
+            tokio::time::Instant::now() < in_flight,
+            "event 1 never sent"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    for n in 2..=101 {
+        pending.push((n, publisher.submit("", event(n)).await.unwrap()));
+    }
+    // Up to seven more batches could be in flight; the hundred wait for the first's answer.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let held = publisher.stats();
+    instance.signal(Service::Dispatcher, "CONT").unwrap();
+    assert_eq!(
+        held,
+        PublisherStats {
+            batches: 2,
+            events: 2
+        },
+        "nothing more sent while a batch is in flight and the next is not full"
+    );
+    let mut wanted = std::collections::HashSet::from([event_id(0)]);
+    for (n, answer) in pending {
+        answer.wait().await.unwrap();
+        wanted.insert(event_id(n));
+    }
+    assert_eq!(
+        publisher.stats(),
+        PublisherStats {
+            batches: 3,
+            events: 102
+        },
+        "the hundred went as one batch once the first was answered"
+    );
+    assert_delivered(&client, topic, wanted).await;
+}
+
 /// An application that takes one delivery at a time and waits for its ACK's answer before the
 /// next, under a small in-flight limit: every answer comes, although the rest of the server's
 /// message is still waiting to be taken when the ACK frees a credit and the server sends the

@@ -16,7 +16,10 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use clap::ValueEnum;
 
-use super::{BenchArgs, Clients, FULL_LOAD_SAMPLE_EVERY, Sampling, consume, percentiles, publish};
+use super::{
+    BenchArgs, Clients, FULL_LOAD_SAMPLE_EVERY, Sampling, consume, events_per_batch, percentiles,
+    publish,
+};
 use crate::stages;
 
 /// The measured maximum the half load is a share of (`--half-load-of`).
@@ -55,6 +58,8 @@ pub(super) struct LiveLoad {
     pub ack_p50_ms: f64,
     pub ack_p99_ms: f64,
     pub ack_stages: Vec<stages::StageLatency>,
+    /// Events per `PublishBatch` call.
+    pub events_per_batch: f64,
 }
 
 /// Runs `phase` on a fresh topic and group of `streams` sessions.
@@ -113,7 +118,7 @@ pub(super) async fn run(
     tokio::time::sleep(Duration::from_millis(500)).await;
     let window_start = stages::now_ns();
     let started = Instant::now();
-    publish(&clients.publisher, &topic, size, events, pace).await?;
+    let sent = publish(&clients.publisher, &topic, size, events, pace).await?;
     let consumed = consumer
         .await
         .with_context(|| format!("{name}-load consumer"))??;
@@ -128,5 +133,6 @@ pub(super) async fn run(
         ack_p50_ms,
         ack_p99_ms,
         ack_stages,
+        events_per_batch: events_per_batch(sent),
     })
 }

@@ -34,8 +34,8 @@ use anyhow::{Context, bail};
 use clap::Args;
 use eventmesh_client::local::{LocalConfig, LocalInstance, Service};
 use eventmesh_client::{
-    AckOutcome, Client, ClientConfig, Event, Publisher, PublisherOptions, StartPosition,
-    SubscribeOptions, Subscription,
+    AckOutcome, Client, ClientConfig, Event, Publisher, PublisherOptions, PublisherStats,
+    StartPosition, SubscribeOptions, Subscription,
 };
 use eventmesh_proto::puller as puller_pb;
 use eventmesh_proto::puller::puller_service_client::PullerServiceClient;
@@ -150,6 +150,11 @@ pub struct Row {
     pub streams: usize,
     pub events: u64,
     pub publish_per_sec: f64,
+    /// Events per `PublishBatch` call of the preload, the live load and the half load (the
+    /// SDK's `Publisher` gathers more per call the longer its calls in flight take).
+    pub publish_events_per_batch: f64,
+    pub live_events_per_batch: f64,
+    pub half_events_per_batch: f64,
     pub raw_pull_per_sec: f64,
     pub e2e_per_sec: f64,
     pub ratio: f64,
@@ -384,7 +389,7 @@ async fn bench_one(
     // 1. Preload.
     let publish_allocations_before = dispatcher_allocations(instance).await;
     let started = Instant::now();
-    publish(&clients.publisher, &topic, size, events, None).await?;
+    let preload = publish(&clients.publisher, &topic, size, events, None).await?;
     let publish_per_sec = events as f64 / started.elapsed().as_secs_f64();
     let dispatcher_publish_allocs_per_event =
         allocations_per_event(instance, publish_allocations_before, events).await;
@@ -460,6 +465,9 @@ async fn bench_one(
         streams,
         events,
         publish_per_sec,
+        publish_events_per_batch: events_per_batch(preload),
+        live_events_per_batch: live.events_per_batch,
+        half_events_per_batch: half.events_per_batch,
         raw_pull_per_sec,
         e2e_per_sec,
         ratio: e2e_per_sec / raw_pull_per_sec,
@@ -562,14 +570,15 @@ async fn idle_first_event(
     })
 }
 
-/// Publishes `count` events, 64 at a time; paced to `rate` per second when given.
+/// Publishes `count` events through a `Publisher` of the SDK's defaults, paced to `rate` per
+/// second when given; what the publisher sent.
 async fn publish(
     client: &Client,
     topic: &str,
     size: usize,
     count: u64,
     rate: Option<f64>,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<PublisherStats> {
     let payload = bytes::Bytes::from(vec![b'b'; size]);
     // Batched and pipelined: up to 8 batches of up to 512 events in flight.
     let publisher = Publisher::new(client.clone(), topic, PublisherOptions::default());
@@ -579,7 +588,17 @@ async fn publish(
         data: payload.clone(),
         ..Event::default()
     };
-    crate::pubsub::publish_pipelined(&publisher, "", count, rate, event, |_, _| {}).await
+    crate::pubsub::publish_pipelined(&publisher, "", count, rate, event, |_, _| {}).await?;
+    Ok(publisher.stats())
+}
+
+/// Mean events per batch call (0 without calls).
+fn events_per_batch(stats: PublisherStats) -> f64 {
+    if stats.batches == 0 {
+        0.0
+    } else {
+        stats.events as f64 / stats.batches as f64
+    }
 }
 
 async fn raw_pull(instance: &LocalInstance, topic: &str, events: u64) -> anyhow::Result<f64> {
