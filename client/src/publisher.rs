@@ -9,15 +9,16 @@
 //!
 //! When a batch goes: with no batch in flight, at once with what is queued (a lone event is
 //! never held back). While others are in flight, a batch that is not full waits for more events
-//! until it is full or one of those batches is answered. A call costs the server about the same
-//! whatever its size, so a steady stream of events goes out as a few large batches, one per
-//! answer, rather than as `max_in_flight_batches` small ones; a burst that fills batches still
-//! gets all of them in flight. [`Publisher::stats`] counts the batches sent.
+//! until it is full, one of those batches is answered, or [`PublisherOptions::max_linger`]
+//! passed. A call costs the server about the same whatever its size, so a steady stream of
+//! events goes out as a few large batches, one per answer, rather than as
+//! `max_in_flight_batches` small ones; a burst that fills batches still gets all of them in
+//! flight. [`Publisher::stats`] counts the batches sent.
 //!
-//! Memory is bounded: queued and in-flight events hold at most
-//! `max_batch_events × max_in_flight_batches` events and `max_batch_bytes ×
-//! max_in_flight_batches` encoded bytes (an event larger than that alone takes all of it);
-//! `submit` waits for room. Order: events of one batch keep their order per key;
+//! Memory is bounded: queued, forming and in-flight events hold at most `max_batch_bytes ×
+//! max_in_flight_batches` encoded bytes (an event larger than that alone takes all of it;
+//! `submit` waits for room), and at most `max_batch_events × (2 × max_in_flight_batches + 1)`
+//! events (the queue, the batch being formed, the batches in flight). Order: events of one batch keep their order per key;
 //! batches in flight concurrently may overtake each other, so events that must stay in order
 //! either go through a publisher with `max_in_flight_batches = 1` or wait for each other's
 //! answers.
@@ -27,6 +28,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 
 use eventmesh_proto::client as pb;
 use prost::Message;
@@ -46,6 +48,10 @@ pub struct PublisherOptions {
     pub max_batch_bytes: usize,
     /// Most batches waiting for their answers at once.
     pub max_in_flight_batches: usize,
+    /// Longest a batch that is not full waits for more events while others are in flight (it
+    /// goes sooner when one of them is answered). Bounds what gathering adds to a publish's
+    /// latency when calls are slow, retries of transiently failed events included.
+    pub max_linger: Duration,
 }
 
 impl Default for PublisherOptions {
@@ -54,6 +60,7 @@ impl Default for PublisherOptions {
             max_batch_events: 512,
             max_batch_bytes: 1024 * 1024,
             max_in_flight_batches: 8,
+            max_linger: Duration::from_millis(5),
         }
     }
 }
@@ -75,7 +82,8 @@ pub struct Publisher {
     sent: Arc<Sent>,
 }
 
-/// What a [`Publisher`] has sent so far (its clones' events included).
+/// What a [`Publisher`] has sent so far (its clones' events included). The two counts are
+/// read one after the other: while batches are being sent they may be a batch apart.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct PublisherStats {
     /// `PublishBatch` calls made (a retry of a failed call is not counted again).
@@ -124,6 +132,7 @@ impl Publisher {
             max_batch_events: options.max_batch_events.clamp(1, MAX_BATCH_EVENTS),
             max_batch_bytes: options.max_batch_bytes.clamp(1, MAX_BATCH_BYTES),
             max_in_flight_batches: options.max_in_flight_batches.max(1),
+            max_linger: options.max_linger,
         };
         let (queue, queued) =
             mpsc::channel(options.max_batch_events * options.max_in_flight_batches);
@@ -229,10 +238,13 @@ async fn run_batches(
         let answer = answered.notified();
         tokio::pin!(answer);
         answer.as_mut().enable();
+        let give_up = tokio::time::sleep(options.max_linger);
+        tokio::pin!(give_up);
         while !batch.full() && options.max_in_flight_batches - in_flight.available_permits() > 1 {
             tokio::select! {
                 biased;
                 () = &mut answer => break,
+                () = &mut give_up => break,
                 next = queued.recv() => match next {
                     Some(next) => carried = batch.add(next),
                     None => break,

@@ -536,6 +536,7 @@ async fn a_publisher_holds_a_bounded_number_of_bytes_while_the_server_is_frozen(
             max_batch_events: 512,
             max_batch_bytes: 64 << 10,
             max_in_flight_batches: 2,
+            ..PublisherOptions::default()
         },
     );
     publisher.publish("", event(0)).await.unwrap();
@@ -568,9 +569,10 @@ async fn a_publisher_holds_a_bounded_number_of_bytes_while_the_server_is_frozen(
 }
 
 /// While a batch is in flight, a Publisher gathers what is submitted into the next batch until
-/// that one is answered (or the next is full) instead of sending it as several small batches;
-/// with nothing in flight, a lone event goes at once. The dispatcher is frozen (SIGSTOP) so the
-/// first batch stays in flight while a hundred more events are submitted.
+/// that one is answered (or the next is full, or `max_linger` passed) instead of sending it as
+/// several small batches; with nothing in flight, a lone event goes at once. The dispatcher is
+/// frozen (SIGSTOP) so that each publisher's first batch stays in flight while more events are
+/// submitted: the patient one holds them all, the hasty one sends them after its linger.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_publisher_gathers_events_while_a_batch_is_in_flight() {
     use eventmesh_client::PublisherStats;
@@ -579,52 +581,64 @@ async fn a_publisher_gathers_events_while_a_batch_is_in_flight() {
     let instance = instance(dir.path()).await;
     let client = connect(&instance, "gatherer").await;
     let topic = "gathered";
-    let publisher = Publisher::new(client.clone(), topic, PublisherOptions::default());
+    let with_linger = |max_linger| {
+        Publisher::new(
+            client.clone(),
+            topic,
+            PublisherOptions {
+                max_linger,
+                ..PublisherOptions::default()
+            },
+        )
+    };
+    let patient = with_linger(Duration::from_secs(600));
+    let hasty = with_linger(Duration::from_millis(50));
     // Alone, with nothing in flight: sent at once, one batch.
-    publisher.publish("", event(0)).await.unwrap();
-    assert_eq!(
-        publisher.stats(),
-        PublisherStats {
-            batches: 1,
-            events: 1
-        }
-    );
+    patient.publish("", event(0)).await.unwrap();
+    let stats = |batches, events| PublisherStats { batches, events };
+    assert_eq!(patient.stats(), stats(1, 1));
     instance.signal(Service::Dispatcher, "STOP").unwrap();
-    let mut pending = vec![(1, publisher.submit("", event(1)).await.unwrap())];
-    let in_flight = tokio::time::Instant::now() + Duration::from_secs(5);
-    while publisher.stats().batches < 2 {
+    let mut pending = Vec::new();
+    // Each publisher's first event goes at once and stays in flight.
+    for (publisher, n) in [(&patient, 1), (&hasty, 1_001)] {
+        pending.push((n, publisher.submit("", event(n)).await.unwrap()));
+        let sent = tokio::time::Instant::now() + Duration::from_secs(5);
+        while publisher.stats().events < if n == 1 { 2 } else { 1 } {
+            assert!(tokio::time::Instant::now() < sent, "event {n} never sent");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+    for n in (2..=101).chain(1_002..=1_101) {
+        let publisher = if n < 1_000 { &patient } else { &hasty };
+        pending.push((n, publisher.submit("", event(n)).await.unwrap()));
+    }
+    // Up to seven more batches could be in flight; the patient publisher's hundred wait for
+    // its first batch's answer, the hasty one's go after 50 ms.
+    let lingered = tokio::time::Instant::now() + Duration::from_secs(5);
+    while hasty.stats().events < 101 {
         assert!(
-            tokio::time::Instant::now() < in_flight,
-            "event 1 never sent"
+            tokio::time::Instant::now() < lingered,
+            "{:?}",
+            hasty.stats()
         );
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    for n in 2..=101 {
-        pending.push((n, publisher.submit("", event(n)).await.unwrap()));
-    }
-    // Up to seven more batches could be in flight; the hundred wait for the first's answer.
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let held = publisher.stats();
+    let held = patient.stats();
     instance.signal(Service::Dispatcher, "CONT").unwrap();
     assert_eq!(
         held,
-        PublisherStats {
-            batches: 2,
-            events: 2
-        },
+        stats(2, 2),
         "nothing more sent while a batch is in flight and the next is not full"
     );
-    let mut wanted = std::collections::HashSet::from([event_id(0)]);
+    let mut wanted: std::collections::HashSet<String> = [event_id(0)].into();
     for (n, answer) in pending {
         answer.wait().await.unwrap();
         wanted.insert(event_id(n));
     }
     assert_eq!(
-        publisher.stats(),
-        PublisherStats {
-            batches: 3,
-            events: 102
-        },
+        patient.stats(),
+        stats(3, 102),
         "the hundred went as one batch once the first was answered"
     );
     assert_delivered(&client, topic, wanted).await;

@@ -4,19 +4,27 @@
 //! ([`eventmesh_proto::encoded::PublishBatchRequestIn`]) and reads each `PublishEntry` here
 //! into a [`PublishedEvent`] of slices of those bytes: no `String` per context attribute, no
 //! map of owned attribute strings, no copy of the payload before the frame is written
-//! ([`crate::event::encode_published`]).
+//! ([`crate::event::encode_published`]; an event with binary attributes, which is rare, takes
+//! one).
 //!
-//! The contract is protobuf's, as the generated message decodes it: a field given twice keeps
-//! its last value (a message field, `event`, merges), a map entry repeated keeps the last
-//! value for its key, a missing map key or value is empty, unknown fields are skipped, and
-//! what the generated message refuses (text that is not UTF-8, a known field of the wrong
-//! wire type, a length running past the end, a bad varint) is refused. Unlike the generated
-//! message, a refusal is this entry's answer (INVALID_ARGUMENT), not the whole batch's.
-//! Property-tested against prost below.
+//! The contract is what the generated message (prost) decodes: a field given twice keeps its
+//! last value (a message field, `event`, merges), a map entry repeated keeps the last value
+//! for its key, a missing map key or value is empty, unknown fields are skipped, and what prost
+//! refuses (text that is not UTF-8 in any occurrence, a known field of the wrong wire type, a
+//! length running past the end, a bad varint) is refused. Property-tested against prost below.
+//! Three differences, all refusals of this entry alone:
+//! - a refusal is this entry's answer (INVALID_ARGUMENT), not the whole batch's;
+//! - an event naming more than [`FrameLimits::DEFAULT`]'s `max_attributes` distinct
+//!   attributes in one map is refused while it is read (its frame would be refused anyway), so
+//!   reading stays linear whatever a request holds;
+//! - unknown fields nested deeper than prost's recursion limit allows are skipped with the
+//!   limit counted from this entry (prost counts from the request; not reproducible, as prost
+//!   keeps its counter private).
 
 use std::borrow::Cow;
 use std::fmt;
 
+use eventmesh_common::frame::FrameLimits;
 use prost::DecodeError;
 use prost::encoding::{DecodeContext, WireType, decode_key, decode_varint, skip_field};
 use smallvec::SmallVec;
@@ -70,25 +78,19 @@ pub fn read_entry(bytes: &[u8]) -> Result<PublishedEntry<'_>, DispatcherError> {
 
 fn read_entry_fields(mut buf: &[u8]) -> Result<PublishedEntry<'_>, Malformed> {
     let mut key = "";
-    // A message field given more than once merges: its parts are read in order.
-    let mut event_parts: SmallVec<[&[u8]; 1]> = SmallVec::new();
+    let mut event = None;
     while !buf.is_empty() {
         let (tag, wire_type) = decode_key(&mut buf)?;
         match tag {
-            ENTRY_EVENT => event_parts.push(delimited(&mut buf, wire_type)?),
+            // A message field given more than once merges: each part read over the last.
+            ENTRY_EVENT => read_event_fields(
+                delimited(&mut buf, wire_type)?,
+                event.get_or_insert_with(PublishedEvent::empty),
+            )?,
             ENTRY_KEY => key = text(delimited(&mut buf, wire_type)?)?,
             _ => skip_field(wire_type, tag, &mut buf, DecodeContext::default())?,
         }
     }
-    let event = if event_parts.is_empty() {
-        None
-    } else {
-        let mut event = PublishedEvent::empty();
-        for part in event_parts {
-            read_event_fields(part, &mut event)?;
-        }
-        Some(event)
-    };
     Ok(PublishedEntry { event, key })
 }
 
@@ -107,14 +109,13 @@ fn read_event_fields<'a>(
                 event.context[field] = text(delimited(&mut buf, wire_type)?)?;
             }
             EVENT_ATTRIBUTES => {
-                let (name, value) = map_entry(delimited(&mut buf, wire_type)?)?;
-                let entry = (text(name)?, text(value)?);
-                keep_last(&mut event.attributes, entry);
+                let (name, value) = map_entry(delimited(&mut buf, wire_type)?, MapValue::Text)?;
+                keep_last(&mut event.attributes, (text(name)?, text(value)?))?;
             }
             EVENT_DATA => event.data = delimited(&mut buf, wire_type)?,
             EVENT_BINARY_ATTRIBUTES => {
-                let (name, value) = map_entry(delimited(&mut buf, wire_type)?)?;
-                keep_last(&mut event.binary_attributes, (text(name)?, value));
+                let (name, value) = map_entry(delimited(&mut buf, wire_type)?, MapValue::Bytes)?;
+                keep_last(&mut event.binary_attributes, (text(name)?, value))?;
             }
             _ => skip_field(wire_type, tag, &mut buf, DecodeContext::default())?,
         }
@@ -123,25 +124,57 @@ fn read_event_fields<'a>(
 }
 
 /// Adds a map entry, replacing an earlier value of the same name (protobuf maps keep the
-/// last). Events carry few attributes, so a scan beats hashing.
-fn keep_last<'a, V, const N: usize>(list: &mut SmallVec<[(&'a str, V); N]>, entry: (&'a str, V))
+/// last); refuses a name past the frame's attribute limit. The list stays that short, so a
+/// scan is as cheap as hashing and reading an entry stays linear in its size.
+fn keep_last<'a, V, const N: usize>(
+    list: &mut SmallVec<[(&'a str, V); N]>,
+    entry: (&'a str, V),
+) -> Result<(), Malformed>
 where
     [(&'a str, V); N]: smallvec::Array<Item = (&'a str, V)>,
 {
-    match list.iter_mut().find(|(name, _)| *name == entry.0) {
-        Some(earlier) => *earlier = entry,
-        None => list.push(entry),
+    if let Some(earlier) = list.iter_mut().find(|(name, _)| *name == entry.0) {
+        *earlier = entry;
+    } else if list.len() >= FrameLimits::DEFAULT.max_attributes {
+        return Err(Malformed(
+            format!(
+                "more than {} attributes in one map",
+                FrameLimits::DEFAULT.max_attributes
+            )
+            .into(),
+        ));
+    } else {
+        list.push(entry);
     }
+    Ok(())
 }
 
-/// A map entry's key and value, empty when missing.
-fn map_entry(mut buf: &[u8]) -> Result<(&[u8], &[u8]), Malformed> {
+/// What a map's values are.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum MapValue {
+    /// `string`: every occurrence must be UTF-8, as prost checks each.
+    Text,
+    /// `bytes`.
+    Bytes,
+}
+
+/// A map entry's key and value (the last occurrence of each), empty when missing. Every
+/// occurrence of a text field is checked, as prost decodes each.
+fn map_entry(mut buf: &[u8], values: MapValue) -> Result<(&[u8], &[u8]), Malformed> {
     let (mut key, mut value): (&[u8], &[u8]) = (&[], &[]);
     while !buf.is_empty() {
         let (tag, wire_type) = decode_key(&mut buf)?;
         match tag {
-            MAP_KEY => key = delimited(&mut buf, wire_type)?,
-            MAP_VALUE => value = delimited(&mut buf, wire_type)?,
+            MAP_KEY => {
+                key = delimited(&mut buf, wire_type)?;
+                text(key)?;
+            }
+            MAP_VALUE => {
+                value = delimited(&mut buf, wire_type)?;
+                if values == MapValue::Text {
+                    text(value)?;
+                }
+            }
             _ => skip_field(wire_type, tag, &mut buf, DecodeContext::default())?,
         }
     }
@@ -180,6 +213,7 @@ mod tests {
     use eventmesh_proto::client::{Event, PublishEntry};
     use proptest::prelude::*;
     use prost::Message;
+    use prost::encoding::bytes::encode as put_bytes;
     use prost::encoding::encode_key;
 
     use super::*;
@@ -293,6 +327,63 @@ mod tests {
         prost::encoding::encode_varint(1, &mut wire);
         assert!(PublishEntry::decode(wire.as_slice()).is_err());
         assert!(read_entry(&wire).is_err());
+    }
+
+    #[test]
+    fn a_map_field_of_another_wire_type_is_refused_as_prost_refuses_it() {
+        // Entry: event = 1 (7 bytes) holding attributes = 7 keyed as a varint (0x38), then 5
+        // and what would be the map entry {key: "a", value: ""}.
+        let wire = [0x0a, 0x07, 0x38, 0x05, 0x0a, 0x01, b'a', 0x12, 0x00];
+        assert!(PublishEntry::decode(wire.as_slice()).is_err());
+        assert!(read_entry(&wire).is_err());
+        // Keyed as length-delimited (0x3a): the attribute.
+        let wire = [0x0a, 0x07, 0x3a, 0x05, 0x0a, 0x01, b'a', 0x12, 0x00];
+        let decoded = PublishEntry::decode(wire.as_slice()).unwrap();
+        assert_eq!(decoded.event.as_ref().unwrap().attributes["a"], "");
+        assert_eq!(read_sorted(&wire).unwrap(), reference(&decoded));
+    }
+
+    #[test]
+    fn every_occurrence_of_a_map_key_or_text_value_must_be_text() {
+        let map_field = |entry: &[u8]| {
+            let mut event = Vec::new();
+            put_bytes(EVENT_ATTRIBUTES, &entry.to_vec(), &mut event);
+            let mut wire = Vec::new();
+            put_bytes(ENTRY_EVENT, &event, &mut wire);
+            wire
+        };
+        // key: 0xff, then key: "a" (the last wins, but the first is not text).
+        for entry in [
+            [0x0a, 0x01, 0xff, 0x0a, 0x01, b'a'],
+            [0x12, 0x01, 0xff, 0x12, 0x01, b'a'],
+        ] {
+            let wire = map_field(&entry);
+            assert!(PublishEntry::decode(wire.as_slice()).is_err());
+            assert!(read_entry(&wire).is_err());
+        }
+    }
+
+    #[test]
+    fn an_event_with_more_attributes_than_a_frame_holds_is_refused_while_read() {
+        let max = FrameLimits::DEFAULT.max_attributes;
+        let with = |count: usize| Event {
+            attributes: (0..count)
+                .map(|n| (format!("a{n}"), String::new()))
+                .collect(),
+            ..full_event()
+        };
+        let at_limit = entry(Some(with(max)), "").encode_to_vec();
+        assert!(read_entry(&at_limit).is_ok());
+        let past = entry(Some(with(max + 1)), "").encode_to_vec();
+        let err = read_entry(&past).unwrap_err();
+        assert!(err.to_string().contains("attributes"), "{err}");
+        // prost reads it, and its frame is refused with the same code.
+        let decoded = PublishEntry::decode(past.as_slice()).unwrap();
+        let refused = encode_published(PublishedEvent::of(decoded.event.as_ref().unwrap()));
+        assert_eq!(
+            tonic::Status::from(refused.unwrap_err()).code(),
+            tonic::Status::from(err).code()
+        );
     }
 
     fn name() -> impl Strategy<Value = String> {
