@@ -18,10 +18,11 @@
 //! Memory is bounded: queued, forming and in-flight events hold at most `max_batch_bytes ×
 //! max_in_flight_batches` encoded bytes (an event larger than that alone takes all of it;
 //! `submit` waits for room), and at most `max_batch_events × (2 × max_in_flight_batches + 1)`
-//! events (the queue, the batch being formed, the batches in flight). Order: events of one batch keep their order per key;
-//! batches in flight concurrently may overtake each other, so events that must stay in order
-//! either go through a publisher with `max_in_flight_batches = 1` or wait for each other's
-//! answers.
+//! events (the queue, the batch being formed, the batches in flight).
+//!
+//! Order: events of one batch keep their order per key; batches in flight concurrently may
+//! overtake each other, so events that must stay in order either go through a publisher with
+//! `max_in_flight_batches = 1` or wait for each other's answers.
 //!
 //! Dropping every clone of the [`Publisher`] stops taking events; what was queued is still sent
 //! and answered.

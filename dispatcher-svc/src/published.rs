@@ -109,13 +109,13 @@ fn read_event_fields<'a>(
                 event.context[field] = text(delimited(&mut buf, wire_type)?)?;
             }
             EVENT_ATTRIBUTES => {
-                let (name, value) = map_entry(delimited(&mut buf, wire_type)?, MapValue::Text)?;
-                keep_last(&mut event.attributes, (text(name)?, text(value)?))?;
+                let entry = map_entry(delimited(&mut buf, wire_type)?, text)?;
+                keep_last(&mut event.attributes, entry)?;
             }
             EVENT_DATA => event.data = delimited(&mut buf, wire_type)?,
             EVENT_BINARY_ATTRIBUTES => {
-                let (name, value) = map_entry(delimited(&mut buf, wire_type)?, MapValue::Bytes)?;
-                keep_last(&mut event.binary_attributes, (text(name)?, value))?;
+                let entry = map_entry(delimited(&mut buf, wire_type)?, Ok)?;
+                keep_last(&mut event.binary_attributes, entry)?;
             }
             _ => skip_field(wire_type, tag, &mut buf, DecodeContext::default())?,
         }
@@ -149,36 +149,23 @@ where
     Ok(())
 }
 
-/// What a map's values are.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum MapValue {
-    /// `string`: every occurrence must be UTF-8, as prost checks each.
-    Text,
-    /// `bytes`.
-    Bytes,
-}
-
 /// A map entry's key and value (the last occurrence of each), empty when missing. Every
-/// occurrence of a text field is checked, as prost decodes each.
-fn map_entry(mut buf: &[u8], values: MapValue) -> Result<(&[u8], &[u8]), Malformed> {
-    let (mut key, mut value): (&[u8], &[u8]) = (&[], &[]);
+/// occurrence is checked as it is read (the key is text; `value` reads a value: text for
+/// `attributes`, bytes as they are for `binary_attributes`), as prost decodes each.
+fn map_entry<'a, V: Default>(
+    mut buf: &'a [u8],
+    value: impl Fn(&'a [u8]) -> Result<V, Malformed>,
+) -> Result<(&'a str, V), Malformed> {
+    let mut entry = (<&str>::default(), V::default());
     while !buf.is_empty() {
         let (tag, wire_type) = decode_key(&mut buf)?;
         match tag {
-            MAP_KEY => {
-                key = delimited(&mut buf, wire_type)?;
-                text(key)?;
-            }
-            MAP_VALUE => {
-                value = delimited(&mut buf, wire_type)?;
-                if values == MapValue::Text {
-                    text(value)?;
-                }
-            }
+            MAP_KEY => entry.0 = text(delimited(&mut buf, wire_type)?)?,
+            MAP_VALUE => entry.1 = value(delimited(&mut buf, wire_type)?)?,
             _ => skip_field(wire_type, tag, &mut buf, DecodeContext::default())?,
         }
     }
-    Ok((key, value))
+    Ok(entry)
 }
 
 /// A length-delimited field's bytes, taken off the front of `buf`.
