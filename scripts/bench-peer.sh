@@ -6,12 +6,13 @@
 # group with one explicit ACK per message until nothing is pending; then the live load (N/2
 # published as fast as answered while consumed) and ACK latency at half of each side's live
 # rate. Prints every round as a JSON line, then a table of medians and ranges with the ratios
-# ours / JetStream, CPU and RSS per process, and our idle first-event latency (publish →
-# delivery after a quiet spell, 200 samples).
+# ours / JetStream, CPU and RSS per process; last, the idle first-event latency of both
+# (publish → delivery of single events after quiet spells, 200 samples per round), in
+# --idle-rounds alternated rounds (ours, peer, ours, peer…).
 #
 #   scripts/bench-peer.sh [--events N] [--rounds R] [--sizes 256,1024] [--streams 1,8]
 #                         [--max-in-flight M] [--profile release|dev] [--sync]
-#                         [--worker-threads N] [--dispatcher-arg=FLAG]...
+#                         [--worker-threads N] [--dispatcher-arg=FLAG]... [--idle-rounds I]
 #
 # --max-in-flight: our per-session in-flight limit (default 4,096; the dispatcher's limit is
 # raised to it). JetStream's consumer keeps max_ack_pending = max(65,536, streams × 1,024), its
@@ -25,11 +26,13 @@
 source "$(dirname "$0")/common.sh"
 
 events=200000 rounds=5 sizes=256,1024 streams=1,8 profile=release sync=false max_in_flight=4096
+idle_rounds=3
 dispatcher_args=() worker_args=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --events) events="$2"; shift 2 ;;
     --rounds) rounds="$2"; shift 2 ;;
+    --idle-rounds) idle_rounds="$2"; shift 2 ;;
     --sizes) sizes="$2"; shift 2 ;;
     --streams) streams="$2"; shift 2 ;;
     --max-in-flight) max_in_flight="$2"; shift 2 ;;
@@ -72,10 +75,15 @@ for size in ${sizes//,/ }; do
   done
 done
 
-log "idle first event: ours"
-"$bin_dir/emctl" bench --idle-only --idle-samples 200 --data-dir "$work" --bin-dir "$bin_dir" \
-  --puller-arg="--sync-appends=$sync" --json "${worker_args[@]}" "${dispatcher_args[@]}" \
-  | sed "s/^{/{\"side\":\"ours\",\"sync\":$sync,/" | tee -a "$results"
+for round in $(seq 1 "$idle_rounds"); do
+  log "idle first event, round $round/$idle_rounds: ours"
+  "$bin_dir/emctl" bench --idle-only --idle-samples 200 --data-dir "$work" --bin-dir "$bin_dir" \
+    --puller-arg="--sync-appends=$sync" --json "${worker_args[@]}" "${dispatcher_args[@]}" \
+    | sed "s/^{/{\"side\":\"ours\",\"round\":$round,\"sync\":$sync,/" | tee -a "$results"
+  log "idle first event, round $round/$idle_rounds: jetstream"
+  "$bin_dir/jetstream-bench" --url "$nats_url" --idle-only --idle-samples 200 --json \
+    | sed "s/^{/{\"side\":\"jetstream\",\"round\":$round,/" | tee -a "$results"
+done
 
 python3 - "$results" <<'PY'
 import json, statistics, sys
@@ -126,9 +134,22 @@ for size, streams in configs:
           f"offset {med('ours', 'rss_mib_offset', 0)} |")
     print(f"| {size} | {streams} | jetstream | server {med('jetstream', 'server_cpu_cores', 2)}, "
           f"client {med('jetstream', 'client_cpu_cores', 2)} | server {med('jetstream', 'server_rss_mb', 0)} |")
-for r in idle:
+if idle:
     print()
-    print(f"Idle first event, ours ({r['idle_samples']} samples, {r['idle_gap_ms']} ms apart): "
-          f"p50 {r['first_event_p50_ms']:.2f} ms, p99 {r['first_event_p99_ms']:.2f} ms, "
-          f"max {r['first_event_max_ms']:.2f} ms (publish call alone p50 {r['publish_p50_ms']:.2f} ms)")
+    print("Idle first event (publish → delivery of single events after 200 ms of quiet; median "
+          "(range) over the rounds, 200 samples each):")
+    print()
+    print("| side | rounds | first event p50 ms | p99 ms | max ms | publish call p50 ms | p99 ms |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    for side in ("ours", "jetstream"):
+        runs = [r for r in idle if r["side"] == side]
+        if not runs:
+            continue
+        def spread(field):
+            values = [r[field] for r in runs]
+            return (f"{statistics.median(values):.2f} "
+                    f"({min(values):.2f}–{max(values):.2f})")
+        print(f"| {side} | {len(runs)} | {spread('first_event_p50_ms')} | "
+              f"{spread('first_event_p99_ms')} | {spread('first_event_max_ms')} | "
+              f"{spread('publish_p50_ms')} | {spread('publish_p99_ms')} |")
 PY

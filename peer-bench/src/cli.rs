@@ -34,6 +34,16 @@ pub struct Cli {
     /// load) or the full load's (consuming a stream published beforehand).
     #[arg(long, value_enum, default_value_t = HalfLoadOf::Live)]
     pub half_load_of: HalfLoadOf,
+    /// Run only the idle first-event probe (single events after quiet spells, timed publish
+    /// → delivery), as `emctl bench --idle-only` does on our side.
+    #[arg(long)]
+    pub idle_only: bool,
+    /// Samples of the idle probe.
+    #[arg(long, default_value_t = 200)]
+    pub idle_samples: u32,
+    /// Quiet time before each idle probe event, in milliseconds.
+    #[arg(long, default_value_t = 200)]
+    pub idle_gap_ms: u64,
     /// Print one JSON object instead of a human-readable line.
     #[arg(long)]
     pub json: bool,

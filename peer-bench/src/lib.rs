@@ -43,15 +43,20 @@
 //!    confirmation) recorded. `half_rate_per_sec` = N/2 / time from the first publish to the
 //!    last confirmed ACK.
 //!
+//! With `--idle-only` it runs the idle first-event probe instead ([`idle`]): single events
+//! after quiet spells, timed publish → delivery, the shape of `emctl bench --idle-only`.
+//!
 //! Percentiles are nearest-rank over the sorted samples. Every wait has a timeout that ends
 //! the run with an error naming what did not arrive. The streams are deleted at the end.
 
 pub mod cli;
+pub mod idle;
 pub mod procstat;
 pub mod report;
 pub mod stats;
 pub mod workload;
 
 pub use cli::Cli;
+pub use idle::{IdleReport, run_idle};
 pub use report::Report;
 pub use workload::run;

@@ -2,7 +2,7 @@
 //! the library's docs); prints one line, JSON with `--json`.
 
 use clap::Parser;
-use eventmesh_peer_bench::{Cli, run};
+use eventmesh_peer_bench::{Cli, run, run_idle};
 
 /// mimalloc, as `emctl bench` (the other side's client) uses.
 #[global_allocator]
@@ -20,6 +20,15 @@ fn turn_huge_pages_off() {
 async fn main() -> anyhow::Result<()> {
     turn_huge_pages_off();
     let cli = Cli::parse();
+    if cli.idle_only {
+        let report = run_idle(&cli).await?;
+        if cli.json {
+            println!("{}", serde_json::to_string(&report)?);
+        } else {
+            println!("{}", report.human_line());
+        }
+        return Ok(());
+    }
     let report = run(&cli).await?;
     if cli.json {
         println!("{}", serde_json::to_string(&report)?);

@@ -25,6 +25,11 @@ impl Latencies {
         self.ms.is_empty()
     }
 
+    /// The largest sample in ms, or `None` without samples.
+    pub fn max(&self) -> Option<f64> {
+        self.ms.iter().copied().max_by(f64::total_cmp)
+    }
+
     /// (p50, p99) in ms, or `None` without samples.
     pub fn p50_p99(&mut self) -> Option<(f64, f64)> {
         self.ms.sort_by(f64::total_cmp);

@@ -43,7 +43,7 @@ const POLL: Duration = Duration::from_millis(5);
 const DURABLE: &str = "bench";
 
 /// async-nats errors are boxed `dyn Error`s or its own error types: all `Display`.
-trait NatsContext<T> {
+pub(crate) trait NatsContext<T> {
     fn nats(self, what: impl FnOnce() -> String) -> Result<T>;
 }
 
@@ -54,13 +54,17 @@ impl<T, E: Display> NatsContext<T> for std::result::Result<T, E> {
 }
 
 /// `fut`, or an error naming `what` after `limit`.
-async fn within<T>(limit: Duration, what: impl Display, fut: impl Future<Output = T>) -> Result<T> {
+pub(crate) async fn within<T>(
+    limit: Duration,
+    what: impl Display,
+    fut: impl Future<Output = T>,
+) -> Result<T> {
     tokio::time::timeout(limit, fut)
         .await
         .map_err(|_| anyhow!("timed out after {limit:?} waiting for {what}"))
 }
 
-async fn connect(url: &str) -> Result<Client> {
+pub(crate) async fn connect(url: &str) -> Result<Client> {
     let connecting = ConnectOptions::new()
         .name("jetstream-bench")
         .connection_timeout(API_TIMEOUT)
@@ -71,7 +75,7 @@ async fn connect(url: &str) -> Result<Client> {
         .nats(|| format!("connecting to {url}"))
 }
 
-fn jetstream_context(client: Client) -> Context {
+pub(crate) fn jetstream_context(client: Client) -> Context {
     jetstream::ContextBuilder::new()
         .timeout(API_TIMEOUT)
         .max_ack_inflight(2 * PUBLISH_WINDOW)
@@ -80,7 +84,7 @@ fn jetstream_context(client: Client) -> Context {
 }
 
 /// A stream name no other round uses (names may not hold `.`, `*`, `>` or spaces).
-fn unique_name() -> String {
+pub(crate) fn unique_name() -> String {
     let millis = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|since| since.as_millis())
@@ -90,7 +94,7 @@ fn unique_name() -> String {
 
 /// A fresh file-store stream on `bench.<name>`: limits retention, one replica, the server's
 /// default sync interval (no fsync per write).
-async fn create_stream(js: &Context, name: &str) -> Result<(stream::Stream, Subject)> {
+pub(crate) async fn create_stream(js: &Context, name: &str) -> Result<(stream::Stream, Subject)> {
     let subject = format!("bench.{name}");
     let config = stream::Config {
         name: name.to_string(),
@@ -111,7 +115,7 @@ async fn create_stream(js: &Context, name: &str) -> Result<(stream::Stream, Subj
 }
 
 /// The one durable pull consumer every consumer task of a phase pulls from.
-async fn create_consumer(
+pub(crate) async fn create_consumer(
     stream: &stream::Stream,
     name: &str,
     streams: usize,
