@@ -11,10 +11,13 @@
 //!   the reader's lock, so an attach never races a poll of the generation it ends.
 //! * A `Pull` naming positions confirms where its caller's last kept batch ended: the cursors
 //!   are set there before reading, so a response that was lost is read again, never skipped.
-//! * `Pull` long-polls up to `max_wait_ms` (capped at [`MAX_WAIT`]), looking again every
-//!   [`IDLE_POLL`] — or at once when the backend signals an append to the topic (the local
-//!   log does), or straight away when the backend's poll itself waits for records (Kafka's
-//!   consumer answers as soon as a fetch brings one); `PullStream` pushes
+//! * `Pull` long-polls up to `max_wait_ms` (capped at [`MAX_WAIT`]). It looks again at once
+//!   when the backend signals an append to the topic (the local log does) or the reader is
+//!   attached again (so a stale poll is refused at once), straight away when the backend's
+//!   poll itself waits for records (Kafka's consumer answers as soon as a fetch brings one),
+//!   and otherwise on a timer: every [`IDLE_POLL`] without an append signal, every
+//!   [`SIGNALLED_LOOK_AGAIN`] with one (what no signal covers: a partition whose read failed
+//!   being read again); `PullStream` pushes
 //!   batches only while the dispatcher has granted credit, so back-pressure reaches the MQ. A
 //!   storage error ends the stream with its status; the dispatcher reconnects.
 //! * Bad input is INVALID_ARGUMENT naming the field; unknown topics and partitions are
@@ -48,6 +51,11 @@ use crate::storage::{
 pub const MAX_WAIT: Duration = Duration::from_secs(30);
 /// How often an idle long-poll or stream looks again.
 const IDLE_POLL: Duration = Duration::from_millis(20);
+/// How often an idle long-poll looks again when the backend signals appends: an append or an
+/// attach wakes it, so the timer only retries what no signal covers (a partition whose read
+/// failed). At [`IDLE_POLL`] an idle reader cost 50 polls a second, each a wake-up of a
+/// worker and of a blocking-pool thread (about 1 % of a core per idle reader).
+const SIGNALLED_LOOK_AGAIN: Duration = Duration::from_millis(1000);
 /// Broker ACKs of one AckPulled call in flight at once.
 const ACKS_IN_FLIGHT: usize = 32;
 /// Partitions of a topic created without a count.
@@ -67,6 +75,9 @@ struct ReaderSlot {
     holder: String,
     /// When it was last attached or polled.
     last_used: tokio::time::Instant,
+    /// Bumped by every Attach: wakes the long polls waiting on this reader, so a poll of the
+    /// generation it ends is refused at once.
+    attaches: tokio::sync::watch::Sender<u64>,
 }
 
 impl Default for ReaderSlot {
@@ -75,6 +86,7 @@ impl Default for ReaderSlot {
             generation: 0,
             holder: String::new(),
             last_used: tokio::time::Instant::now(),
+            attaches: tokio::sync::watch::Sender::new(0),
         }
     }
 }
@@ -358,6 +370,7 @@ impl PullerGrpc {
         }
         slot.generation = generation;
         holder.clone_into(&mut slot.holder);
+        slot.attaches.send_replace(generation);
         Ok(generation)
     }
 
@@ -396,6 +409,31 @@ impl PullerGrpc {
                 next_offset: next,
             })
             .collect())
+    }
+}
+
+/// Waits until the topic's next append, the reader's next attach or `until`, whichever comes
+/// first. A signal whose sender is gone (never while the reader's slot and the storage live)
+/// waits for `until`, so the long poll cannot spin.
+async fn wait_for_signal(
+    appends: &mut tokio::sync::watch::Receiver<u64>,
+    attaches: &mut tokio::sync::watch::Receiver<u64>,
+    until: tokio::time::Instant,
+) {
+    let appended = async {
+        if appends.changed().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    };
+    let attached = async {
+        if attaches.changed().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    };
+    tokio::select! {
+        () = appended => {}
+        () = attached => {}
+        () = tokio::time::sleep_until(until) => {}
     }
 }
 
@@ -560,6 +598,7 @@ impl PullerService for PullerGrpc {
         let deadline = tokio::time::Instant::now()
             + Duration::from_millis(request.max_wait_ms.into()).min(MAX_WAIT);
         let mut appends = self.storage.appends(&reader.topic);
+        let mut attaches = None;
         loop {
             if let Some(appends) = appends.as_mut() {
                 // What is appended from here on wakes the wait below.
@@ -570,6 +609,8 @@ impl PullerService for PullerGrpc {
                 let mut held = slot.lock().await;
                 held.check(&reader, request.generation)?;
                 held.last_used = tokio::time::Instant::now();
+                // Taken under the lock an Attach needs: an attach from here on wakes the wait.
+                attaches.get_or_insert_with(|| held.attaches.subscribe());
                 self.poll_counted(&reader, &selection, limits).await?
             };
             if !batch.records.is_empty() {
@@ -578,13 +619,16 @@ impl PullerService for PullerGrpc {
             if !batch.is_empty() || tokio::time::Instant::now() >= deadline {
                 return Ok(Response::new(to_response(batch)));
             }
-            let until = deadline.min(tokio::time::Instant::now() + IDLE_POLL);
-            match appends.as_mut() {
-                Some(appends) => {
-                    let _ = tokio::time::timeout_at(until, appends.changed()).await;
+            match (appends.as_mut(), attaches.as_mut()) {
+                (Some(appends), Some(attaches)) => {
+                    let until = deadline.min(tokio::time::Instant::now() + SIGNALLED_LOOK_AGAIN);
+                    wait_for_signal(appends, attaches, until).await;
                 }
-                None if self.waited_in_backend(polled_at.elapsed()) => {}
-                None => tokio::time::sleep_until(until).await,
+                _ if self.waited_in_backend(polled_at.elapsed()) => {}
+                _ => {
+                    let until = deadline.min(tokio::time::Instant::now() + IDLE_POLL);
+                    tokio::time::sleep_until(until).await;
+                }
             }
         }
     }
@@ -993,5 +1037,63 @@ fn refused_outcome(status: &Status) -> pb::RecordOutcome {
             code: status.code() as i32,
             message: status.message().to_owned(),
         }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use std::time::Duration;
+
+    use tokio::sync::watch;
+    use tokio::time::Instant;
+
+    use super::wait_for_signal;
+
+    /// Far beyond any test's patience: a wait that returns was woken by a signal.
+    const NEVER: Duration = Duration::from_secs(3600);
+
+    async fn woken_by(signal: impl FnOnce(&watch::Sender<u64>, &watch::Sender<u64>)) {
+        let (appended, mut appends) = watch::channel(0);
+        let (attached, mut attaches) = watch::channel(0);
+        let until = Instant::now() + NEVER;
+        let waiting = tokio::spawn(async move {
+            wait_for_signal(&mut appends, &mut attaches, until).await;
+        });
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        signal(&appended, &attached);
+        tokio::time::timeout(Duration::from_secs(30), waiting)
+            .await
+            .expect("the signal woke the wait")
+            .unwrap();
+    }
+
+    #[tokio::test]
+    async fn an_append_wakes_a_waiting_long_poll() {
+        woken_by(|appended, _| appended.send_modify(|n| *n += 1)).await;
+    }
+
+    #[tokio::test]
+    async fn an_attach_wakes_a_waiting_long_poll() {
+        woken_by(|_, attached| {
+            attached.send_replace(7);
+        })
+        .await;
+    }
+
+    #[tokio::test]
+    async fn signals_whose_senders_are_gone_wait_for_the_timer_instead_of_spinning() {
+        let (appended, mut appends) = watch::channel(0);
+        let (attached, mut attaches) = watch::channel(0);
+        drop((appended, attached));
+        let started = Instant::now();
+        let wait = Duration::from_millis(50);
+        wait_for_signal(&mut appends, &mut attaches, started + wait).await;
+        assert!(
+            started.elapsed() >= wait,
+            "returned after {:?}",
+            started.elapsed()
+        );
     }
 }

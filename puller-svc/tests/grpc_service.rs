@@ -340,6 +340,52 @@ async fn pulls_carry_the_attach_generation_and_a_stale_one_is_refused() {
     stack.stop().await;
 }
 
+/// A long poll of the generation an Attach ends is refused as the attach happens, not when its
+/// wait runs out: the dispatcher that lost the reader hears it at once.
+#[tokio::test]
+async fn a_waiting_long_poll_is_refused_when_the_reader_is_attached_again() {
+    let mut stack = stack(true).await;
+    publish_n(&mut stack.client, "fenced-wait", 0).await;
+    let old = support::attach(
+        &mut stack.client,
+        "dispatcher-a",
+        reader("g", "fenced-wait"),
+    )
+    .await;
+    let mut stale = stack.client.clone();
+    let waiting = tokio::spawn(async move {
+        stale
+            .pull(pb::PullRequest {
+                reader: Some(reader("g", "fenced-wait")),
+                max_records: 10,
+                max_wait_ms: 30_000,
+                generation: old,
+                ..Default::default()
+            })
+            .await
+    });
+    // Let the poll find nothing and wait.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let new = support::attach(
+        &mut stack.client,
+        "dispatcher-b",
+        reader("g", "fenced-wait"),
+    )
+    .await;
+    assert_ne!(new, old);
+    let refused = tokio::time::timeout(Duration::from_secs(20), waiting)
+        .await
+        .expect("the stale long poll was answered before its 30 s wait ran out")
+        .unwrap()
+        .unwrap_err();
+    assert_eq!(refused.code(), Code::FailedPrecondition);
+    assert_eq!(
+        refused.metadata().get("em-reader-holder").unwrap(),
+        "dispatcher-b"
+    );
+    stack.stop().await;
+}
+
 /// The hole: a response lost after the cursor moved. Naming the position the last kept
 /// batch ended at reads it again instead of skipping it.
 #[tokio::test]
