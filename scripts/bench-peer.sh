@@ -44,6 +44,8 @@ while [ $# -gt 0 ]; do
   esac
 done
 
+[[ "$idle_rounds" =~ ^[0-9]+$ ]] || { echo "--idle-rounds: a number of rounds, not '$idle_rounds'" >&2; exit 2; }
+
 ensure_build_deps
 # cargo from the checkout, wherever this is run from: the toolchain pin and .cargo/config.toml
 # apply there only.
@@ -136,11 +138,12 @@ for size, streams in configs:
           f"client {med('jetstream', 'client_cpu_cores', 2)} | server {med('jetstream', 'server_rss_mb', 0)} |")
 if idle:
     print()
-    print("Idle first event (publish → delivery of single events after 200 ms of quiet; median "
-          "(range) over the rounds, 200 samples each):")
+    print(f"Idle first event (publish → delivery of single events after {idle[0]['idle_gap_ms']} ms "
+          f"of quiet; median (range) over the rounds, {idle[0]['idle_samples']} samples each; "
+          f"ours with sync={idle[0].get('sync', False)}, JetStream with its default):")
     print()
-    print("| side | rounds | first event p50 ms | p99 ms | max ms | publish call p50 ms | p99 ms |")
-    print("| --- | --- | --- | --- | --- | --- | --- |")
+    print("| side | rounds | first event p50 ms | p99 ms | max ms | publish call p50 ms | p99 ms | max ms |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for side in ("ours", "jetstream"):
         runs = [r for r in idle if r["side"] == side]
         if not runs:
@@ -151,5 +154,5 @@ if idle:
                     f"({min(values):.2f}–{max(values):.2f})")
         print(f"| {side} | {len(runs)} | {spread('first_event_p50_ms')} | "
               f"{spread('first_event_p99_ms')} | {spread('first_event_max_ms')} | "
-              f"{spread('publish_p50_ms')} | {spread('publish_p99_ms')} |")
+              f"{spread('publish_p50_ms')} | {spread('publish_p99_ms')} | {spread('publish_max_ms')} |")
 PY

@@ -11,9 +11,9 @@
 //!   the reader's lock, so an attach never races a poll of the generation it ends.
 //! * A `Pull` naming positions confirms where its caller's last kept batch ended: the cursors
 //!   are set there before reading, so a response that was lost is read again, never skipped.
-//! * `Pull` long-polls up to `max_wait_ms` (capped at [`MAX_WAIT`]). It looks again at once
-//!   when the backend signals an append to the topic (the local log does) or the reader is
-//!   attached again (so a stale poll is refused at once), straight away when the backend's
+//! * `Pull` long-polls up to `max_wait_ms` (capped at [`MAX_WAIT`]). On a backend that signals
+//!   appends to the topic (the local log) it looks again at once on an append or when the
+//!   reader is attached again (so a stale poll is refused at once); straight away when the backend's
 //!   poll itself waits for records (Kafka's consumer answers as soon as a fetch brings one),
 //!   and otherwise on a timer: every [`IDLE_POLL`] without an append signal, every
 //!   [`SIGNALLED_LOOK_AGAIN`] with one (what no signal covers: a partition whose read failed
@@ -287,7 +287,8 @@ impl PullerGrpc {
 
     /// Evicts every reader unused for the idle time: its generation (its dispatcher attaches
     /// again when it comes back), what the backend holds for it, and its cursors. A reader
-    /// being attached or polled right now is skipped. Returns how many were evicted.
+    /// being attached or polled right now, or with a long poll waiting, is skipped. Returns
+    /// how many were evicted.
     pub async fn evict_idle(&self) -> usize {
         let now = tokio::time::Instant::now();
         let idle: Vec<(ReaderKey, Slot)> = {
@@ -299,16 +300,23 @@ impl PullerGrpc {
         };
         let mut evicted = 0;
         for (reader, slot) in idle {
-            let Ok(held) = slot.try_lock() else {
+            let Ok(mut held) = slot.try_lock() else {
                 continue;
             };
-            if now.duration_since(held.last_used) < self.reader_idle {
+            // A long poll waiting for a signal holds a receiver (taken under this lock) and
+            // refreshes `last_used` only when it looks again: it is in use.
+            if now.duration_since(held.last_used) < self.reader_idle
+                || held.attaches.receiver_count() > 0
+            {
                 continue;
             }
             self.readers
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .remove(&reader);
+            // A request that took this slot before it left the map is refused as not attached,
+            // rather than reading (and so loading again) the cursors evicted below.
+            held.generation = 0;
             drop(held);
             if let Err(err) = self.storage.evict_reader(&reader).await {
                 tracing::warn!(reader = %describe(&reader), error = %err, "evicting an idle reader failed");

@@ -364,7 +364,8 @@ async fn a_waiting_long_poll_is_refused_when_the_reader_is_attached_again() {
             })
             .await
     });
-    // Let the poll find nothing and wait.
+    // Let the poll find nothing and wait: its look-again timer (1 s) fires 1 s after it
+    // began, 0.8 s after the attach below.
     tokio::time::sleep(Duration::from_millis(200)).await;
     let new = support::attach(
         &mut stack.client,
@@ -372,12 +373,19 @@ async fn a_waiting_long_poll_is_refused_when_the_reader_is_attached_again() {
         reader("g", "fenced-wait"),
     )
     .await;
+    let attached = std::time::Instant::now();
     assert_ne!(new, old);
     let refused = tokio::time::timeout(Duration::from_secs(20), waiting)
         .await
         .expect("the stale long poll was answered before its 30 s wait ran out")
         .unwrap()
         .unwrap_err();
+    // Woken by the attach, not by its timer (which would answer about 0.8 s after it).
+    assert!(
+        attached.elapsed() < Duration::from_millis(500),
+        "refused {:?} after the attach",
+        attached.elapsed()
+    );
     assert_eq!(refused.code(), Code::FailedPrecondition);
     assert_eq!(
         refused.metadata().get("em-reader-holder").unwrap(),

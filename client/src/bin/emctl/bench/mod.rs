@@ -34,7 +34,7 @@ use anyhow::{Context, bail};
 use clap::Args;
 use eventmesh_client::local::{LocalConfig, LocalInstance, Service};
 use eventmesh_client::{
-    AckOutcome, Client, ClientConfig, Event, Publisher, PublisherOptions, PublisherStats,
+    AckOutcome, Client, ClientConfig, Delivery, Event, Publisher, PublisherOptions, PublisherStats,
     StartPosition, SubscribeOptions, Subscription,
 };
 use eventmesh_proto::puller as puller_pb;
@@ -280,14 +280,15 @@ async fn bench_all(
             println!("{}", serde_json::to_string(&row)?);
         } else {
             println!(
-                "idle first event ({} samples, {} ms apart): p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms (publish call alone p50 {:.2} ms, p99 {:.2} ms)",
+                "idle first event ({} samples, {} ms apart): p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms (publish call alone p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms)",
                 row.idle_samples,
                 row.idle_gap_ms,
                 row.first_event_p50_ms,
                 row.first_event_p99_ms,
                 row.first_event_max_ms,
                 row.publish_p50_ms,
-                row.publish_p99_ms
+                row.publish_p99_ms,
+                row.publish_max_ms
             );
         }
     }
@@ -528,15 +529,15 @@ async fn idle_first_event(
                 .start(StartPosition::Earliest),
         )
         .await?;
-    let receive = async |subscription: &mut Subscription| -> anyhow::Result<()> {
-        let delivery = tokio::time::timeout(Duration::from_secs(30), subscription.next())
-            .await
-            .context("no delivery within 30 s")?
-            .context("subscription ended")??;
-        delivery.ack();
-        Ok(())
+    let receive = async |subscription: &mut Subscription| -> anyhow::Result<Delivery> {
+        Ok(
+            tokio::time::timeout(Duration::from_secs(30), subscription.next())
+                .await
+                .context("no delivery within 30 s")?
+                .context("subscription ended")??,
+        )
     };
-    receive(&mut subscription).await?;
+    receive(&mut subscription).await?.ack();
     let mut micros = Vec::with_capacity(args.idle_samples as usize);
     let mut publish_micros = Vec::with_capacity(args.idle_samples as usize);
     for _ in 0..args.idle_samples {
@@ -552,8 +553,9 @@ async fn idle_first_event(
                 (answered, started.elapsed())
             })
         };
-        receive(&mut subscription).await?;
+        let delivery = receive(&mut subscription).await?;
         micros.push(u32::try_from(started.elapsed().as_micros()).unwrap_or(u32::MAX));
+        delivery.ack();
         let (answered, took) = publish.await.context("idle probe publish")?;
         answered?;
         publish_micros.push(u32::try_from(took.as_micros()).unwrap_or(u32::MAX));
