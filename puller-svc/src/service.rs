@@ -13,8 +13,9 @@
 //!   are set there before reading, so a response that was lost is read again, never skipped.
 //! * `Pull` long-polls up to `max_wait_ms` (capped at [`MAX_WAIT`]). On a backend that signals
 //!   appends to the topic (the local log) it looks again at once on an append or when the
-//!   reader is attached again (so a stale poll is refused at once); straight away when the backend's
-//!   poll itself waits for records (Kafka's consumer answers as soon as a fetch brings one),
+//!   reader is attached again (so a stale poll is refused at once); straight away when the
+//!   backend's poll itself waits for records (Kafka's consumer answers as soon as a fetch
+//!   brings one),
 //!   and otherwise on a timer: every [`IDLE_POLL`] without an append signal, every
 //!   [`SIGNALLED_LOOK_AGAIN`] with one (what no signal covers: a partition whose read failed
 //!   being read again); `PullStream` pushes
@@ -77,7 +78,7 @@ struct ReaderSlot {
     last_used: tokio::time::Instant,
     /// Bumped by every Attach: wakes the long polls waiting on this reader, so a poll of the
     /// generation it ends is refused at once.
-    attaches: tokio::sync::watch::Sender<u64>,
+    attaches: tokio::sync::watch::Sender<()>,
 }
 
 impl Default for ReaderSlot {
@@ -86,7 +87,7 @@ impl Default for ReaderSlot {
             generation: 0,
             holder: String::new(),
             last_used: tokio::time::Instant::now(),
-            attaches: tokio::sync::watch::Sender::new(0),
+            attaches: tokio::sync::watch::Sender::new(()),
         }
     }
 }
@@ -378,7 +379,7 @@ impl PullerGrpc {
         }
         slot.generation = generation;
         holder.clone_into(&mut slot.holder);
-        slot.attaches.send_replace(generation);
+        slot.attaches.send_replace(());
         Ok(generation)
     }
 
@@ -425,23 +426,20 @@ impl PullerGrpc {
 /// waits for `until`, so the long poll cannot spin.
 async fn wait_for_signal(
     appends: &mut tokio::sync::watch::Receiver<u64>,
-    attaches: &mut tokio::sync::watch::Receiver<u64>,
+    attaches: &mut tokio::sync::watch::Receiver<()>,
     until: tokio::time::Instant,
 ) {
-    let appended = async {
-        if appends.changed().await.is_err() {
-            std::future::pending::<()>().await;
-        }
-    };
-    let attached = async {
-        if attaches.changed().await.is_err() {
-            std::future::pending::<()>().await;
-        }
-    };
     tokio::select! {
-        () = appended => {}
-        () = attached => {}
+        () = changed_or_never(appends) => {}
+        () = changed_or_never(attaches) => {}
         () = tokio::time::sleep_until(until) => {}
+    }
+}
+
+/// Resolves at the signal's next change; never when its sender is gone.
+async fn changed_or_never<T>(signal: &mut tokio::sync::watch::Receiver<T>) {
+    if signal.changed().await.is_err() {
+        std::future::pending::<()>().await;
     }
 }
 
@@ -1062,9 +1060,9 @@ mod tests {
     /// Far beyond any test's patience: a wait that returns was woken by a signal.
     const NEVER: Duration = Duration::from_secs(3600);
 
-    async fn woken_by(signal: impl FnOnce(&watch::Sender<u64>, &watch::Sender<u64>)) {
+    async fn woken_by(signal: impl FnOnce(&watch::Sender<u64>, &watch::Sender<()>)) {
         let (appended, mut appends) = watch::channel(0);
-        let (attached, mut attaches) = watch::channel(0);
+        let (attached, mut attaches) = watch::channel(());
         let until = Instant::now() + NEVER;
         let waiting = tokio::spawn(async move {
             wait_for_signal(&mut appends, &mut attaches, until).await;
@@ -1085,7 +1083,7 @@ mod tests {
     #[tokio::test]
     async fn an_attach_wakes_a_waiting_long_poll() {
         woken_by(|_, attached| {
-            attached.send_replace(7);
+            attached.send_replace(());
         })
         .await;
     }
@@ -1093,7 +1091,7 @@ mod tests {
     #[tokio::test]
     async fn signals_whose_senders_are_gone_wait_for_the_timer_instead_of_spinning() {
         let (appended, mut appends) = watch::channel(0);
-        let (attached, mut attaches) = watch::channel(0);
+        let (attached, mut attaches) = watch::channel(());
         drop((appended, attached));
         let started = Instant::now();
         let wait = Duration::from_millis(50);
