@@ -19,11 +19,16 @@
 //!   decides (the dispatcher rewinds the group, counted and logged there).
 //! * [`GroupCursors::advance`] — only forward, and only for records actually handed on.
 //!
-//! Cursors persist in the group's checkpoint file ([`crate::checkpoint`]); `checkpoint` writes
-//! only when something changed.
+//! Cursors persist in the group's checkpoint file ([`crate::checkpoint`]); a checkpoint writes
+//! only when something changed. It copies the cursors under the group's lock and writes the
+//! copy (two fsyncs, milliseconds on a busy disk) outside it, so the group's reads and the
+//! blocking pool's other work never wait for the disk. Writes of one file are serialized, an
+//! older copy never replaces a newer one, and a copy of an evicted group never brings its
+//! removed file back.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use eventmesh_common::keys::{GroupName, PartitionId, PullKey, Topic};
@@ -77,9 +82,45 @@ pub enum Resolution {
 /// The cursors of one group on one backend, with their checkpoint file.
 #[derive(Debug)]
 pub struct GroupCursors {
-    path: PathBuf,
     cursors: Cursors,
-    dirty: bool,
+    /// Counts the changes to `cursors`; the file is stale while it holds fewer.
+    changes: u64,
+    file: Arc<CheckpointFile>,
+}
+
+/// One group's checkpoint file, shared by the cursors and the copies being written.
+#[derive(Debug)]
+struct CheckpointFile {
+    path: PathBuf,
+    /// The change count of the copy the file holds (0: as loaded).
+    written: AtomicU64,
+    /// Held while a copy is written, so writes of the file never interleave; `true` once the
+    /// group was evicted and the file removed.
+    removed: Mutex<bool>,
+}
+
+/// A copy of a group's cursors, to be written to its checkpoint file without the group's lock.
+#[derive(Debug)]
+pub struct Snapshot {
+    cursors: Cursors,
+    changes: u64,
+    file: Arc<CheckpointFile>,
+}
+
+impl Snapshot {
+    /// Writes the copy atomically unless the file already holds it or a newer one, or the
+    /// group was evicted; `true` when it wrote. A failed write leaves the file stale, so the
+    /// next checkpoint writes again.
+    pub fn write(self) -> Result<bool, CheckpointError> {
+        let removed = self.file.removed.lock().unwrap_or_else(|p| p.into_inner());
+        if *removed || self.file.written.load(Ordering::Acquire) >= self.changes {
+            return Ok(false);
+        }
+        checkpoint::store(&self.file.path, &self.cursors)?;
+        crate::crash::crash_point(crate::crash::CrashPoint::AfterCheckpoint);
+        self.file.written.store(self.changes, Ordering::Release);
+        Ok(true)
+    }
 }
 
 impl GroupCursors {
@@ -92,9 +133,13 @@ impl GroupCursors {
             tracing::info!(file = %path.display(), cursors = cursors.len(), "pull cursors loaded");
         }
         GroupCursors {
-            path,
             cursors: loaded.into_cursors(),
-            dirty: false,
+            changes: 0,
+            file: Arc::new(CheckpointFile {
+                path,
+                written: AtomicU64::new(0),
+                removed: Mutex::new(false),
+            }),
         }
     }
 
@@ -110,7 +155,7 @@ impl GroupCursors {
 
     fn set(&mut self, key: &PullKey, next: i64) {
         if self.cursors.insert(key.clone(), next) != Some(next) {
-            self.dirty = true;
+            self.changes += 1;
         }
     }
 
@@ -132,7 +177,7 @@ impl GroupCursors {
             // un-ACKed, so it starts over where a new reader starts (the configured start).
             // Dispatchers store a watermark whenever a group starts later than that.
             if let Some(from) = self.cursors.remove(key) {
-                self.dirty = true;
+                self.changes += 1;
                 tracing::info!(%key, from, "pull cursor without a watermark dropped: the reader restarts at the configured start");
             }
             return Alignment::NoWatermark;
@@ -206,26 +251,35 @@ impl GroupCursors {
     fn forget_topic(&mut self, topic: &Topic) -> bool {
         let before = self.cursors.len();
         self.cursors.retain(|key, _| key.topic != *topic);
-        if self.cursors.is_empty() {
-            // Nothing to write: a checkpoint racing the eviction must not recreate the file.
-            self.dirty = false;
-            return true;
-        }
         if self.cursors.len() != before {
-            self.dirty = true;
+            self.changes += 1;
         }
-        false
+        self.cursors.is_empty()
     }
 
-    /// Writes the checkpoint atomically if anything changed since the last one.
-    pub fn checkpoint(&mut self) -> Result<bool, CheckpointError> {
-        if !self.dirty {
-            return Ok(false);
+    /// Removes the checkpoint file for good: a write in progress finishes first, and no copy
+    /// taken before is written after.
+    fn remove_file(&self) -> std::io::Result<()> {
+        let mut removed = self.file.removed.lock().unwrap_or_else(|p| p.into_inner());
+        *removed = true;
+        match std::fs::remove_file(&self.file.path) {
+            Err(err) if err.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            done => done,
         }
-        checkpoint::store(&self.path, &self.cursors)?;
-        crate::crash::crash_point(crate::crash::CrashPoint::AfterCheckpoint);
-        self.dirty = false;
-        Ok(true)
+    }
+
+    /// A copy of the cursors to write, if anything changed since the file was last written.
+    pub fn snapshot(&self) -> Option<Snapshot> {
+        (self.changes > self.file.written.load(Ordering::Acquire)).then(|| Snapshot {
+            cursors: self.cursors.clone(),
+            changes: self.changes,
+            file: Arc::clone(&self.file),
+        })
+    }
+
+    /// Writes the checkpoint now, atomically, if anything changed since the last one.
+    pub fn checkpoint(&mut self) -> Result<bool, CheckpointError> {
+        self.snapshot().map_or(Ok(false), Snapshot::write)
     }
 }
 
@@ -292,13 +346,11 @@ impl CursorBook {
         let mut cursors = shared.lock().unwrap_or_else(|p| p.into_inner());
         if cursors.forget_topic(topic) {
             groups.remove(group);
-            match std::fs::remove_file(&cursors.path) {
-                Ok(()) => {
-                    tracing::info!(file = %cursors.path.display(), "idle reader evicted; its checkpoint removed");
-                }
-                Err(err) if err.kind() == std::io::ErrorKind::NotFound => {}
-                Err(err) => {
-                    tracing::warn!(file = %cursors.path.display(), error = %err, "removing an evicted reader's checkpoint failed");
+            let file = cursors.file.path.display();
+            match cursors.remove_file() {
+                Ok(()) => tracing::info!(%file, "idle reader evicted; its checkpoint removed"),
+                Err(error) => {
+                    tracing::warn!(%file, %error, "removing an evicted reader's checkpoint failed");
                 }
             }
         }
@@ -309,7 +361,8 @@ impl CursorBook {
         self.groups.lock().unwrap_or_else(|p| p.into_inner()).len()
     }
 
-    /// Checkpoints every group that changed.
+    /// Checkpoints every group that changed, each from a copy taken under its lock and
+    /// written without it.
     pub fn checkpoint_all(&self) -> Result<(), CheckpointError> {
         let groups: Vec<Arc<Mutex<GroupCursors>>> = self
             .groups
@@ -319,10 +372,10 @@ impl CursorBook {
             .cloned()
             .collect();
         for shared in groups {
-            shared
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .checkpoint()?;
+            let snapshot = shared.lock().unwrap_or_else(|p| p.into_inner()).snapshot();
+            if let Some(snapshot) = snapshot {
+                snapshot.write()?;
+            }
         }
         Ok(())
     }
@@ -496,6 +549,121 @@ mod tests {
         assert_eq!(
             GroupCursors::load(dir.path(), "local", Some(&group)).get(&a),
             Some(1)
+        );
+    }
+
+    fn billing() -> Option<GroupName> {
+        Some(GroupName::new("billing").unwrap())
+    }
+
+    #[test]
+    fn an_older_copy_never_replaces_a_newer_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cursors = fresh(dir.path());
+        let a = key("t#0");
+        cursors.advance(&a, 5);
+        let older = cursors.snapshot().expect("changed");
+        cursors.advance(&a, 9);
+        let newer = cursors.snapshot().expect("changed");
+        assert!(newer.write().unwrap());
+        assert!(
+            !older.write().unwrap(),
+            "the file already holds a newer copy"
+        );
+        assert_eq!(fresh(dir.path()).get(&a), Some(9));
+        assert!(cursors.snapshot().is_none(), "written: nothing to copy");
+    }
+
+    #[test]
+    fn a_copy_taken_before_an_eviction_does_not_bring_the_file_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let book = CursorBook::new(dir.path(), "local");
+        let a = key("t#0");
+        book.with(&billing(), |cursors| cursors.advance(&a, 3));
+        book.checkpoint_all().unwrap();
+        let file = checkpoint::path(dir.path(), "local", billing().as_ref());
+        assert!(file.exists());
+        let copy = book.with(&billing(), |cursors| {
+            cursors.advance(&a, 5);
+            cursors.snapshot().expect("changed")
+        });
+        book.evict(&billing(), &a.topic);
+        assert!(!file.exists(), "evicted with its last cursor: file removed");
+        assert!(!copy.write().unwrap());
+        assert!(
+            !file.exists(),
+            "a copy taken before the eviction is not written"
+        );
+    }
+
+    #[test]
+    fn a_failed_write_is_written_at_the_next_checkpoint() {
+        let dir = tempfile::tempdir().unwrap();
+        // The checkpoint directory's place is taken by a file: writing fails.
+        let blocked = dir.path().join("cursors");
+        std::fs::write(&blocked, b"").unwrap();
+        let book = CursorBook::new(&blocked, "local");
+        let a = key("t#0");
+        book.with(&None, |cursors| cursors.advance(&a, 7));
+        assert!(book.checkpoint_all().is_err());
+        std::fs::remove_file(&blocked).unwrap();
+        book.checkpoint_all().unwrap();
+        assert_eq!(
+            fresh(&blocked).get(&a),
+            Some(7),
+            "written once the disk allowed"
+        );
+    }
+
+    #[test]
+    fn a_group_is_not_locked_while_its_checkpoint_is_written() {
+        let dir = tempfile::tempdir().unwrap();
+        let book = Arc::new(CursorBook::new(dir.path(), "local"));
+        let a = key("t#0");
+        let file = book.with(&None, |cursors| {
+            cursors.advance(&a, 1);
+            Arc::clone(&cursors.file)
+        });
+        // A slow disk: the write waits for the file's lock, held here.
+        let writing = file.removed.lock().unwrap();
+        let checkpointer = {
+            let book = Arc::clone(&book);
+            std::thread::spawn(move || book.checkpoint_all())
+        };
+        // The checkpointer has its copy (it holds the file too) and waits to write it.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while Arc::strong_count(&file) < 3 && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        assert_eq!(
+            Arc::strong_count(&file),
+            3,
+            "the checkpointer took its copy"
+        );
+        let (done, moved) = std::sync::mpsc::channel();
+        let reader = {
+            let book = Arc::clone(&book);
+            let a = a.clone();
+            std::thread::spawn(move || {
+                book.with(&None, |cursors| cursors.advance(&a, 2));
+                let _ = done.send(());
+            })
+        };
+        assert!(
+            moved
+                .recv_timeout(std::time::Duration::from_secs(10))
+                .is_ok(),
+            "the group's cursors moved while its checkpoint was being written"
+        );
+        drop(writing);
+        checkpointer.join().unwrap().unwrap();
+        reader.join().unwrap();
+        assert_eq!(fresh(dir.path()).get(&a), Some(1), "the copy taken first");
+        book.checkpoint_all().unwrap();
+        assert_eq!(
+            fresh(dir.path()).get(&a),
+            Some(2),
+            "the later move at the next one"
         );
     }
 }
