@@ -91,6 +91,10 @@ pub struct BenchArgs {
     /// third of the cores, at least one].
     #[arg(long)]
     worker_threads: Option<usize>,
+    /// This client's async worker threads alone, whatever `--worker-threads` gives the
+    /// services (0: a worker per core).
+    #[arg(long)]
+    client_worker_threads: Option<usize>,
     /// Extra dispatcher-svc flag (repeat; e.g. `--dispatcher-arg=--ack-flush-ms=0`).
     #[arg(long = "dispatcher-arg", allow_hyphen_values = true)]
     dispatcher_args: Vec<String>,
@@ -111,7 +115,8 @@ pub struct BenchArgs {
 impl BenchArgs {
     /// The async worker threads of the bench's client (0: a worker per core).
     pub fn client_worker_threads(&self) -> usize {
-        self.worker_threads
+        self.client_worker_threads
+            .or(self.worker_threads)
             .unwrap_or_else(eventmesh_client::local::a_third_of_the_cores)
     }
 }
