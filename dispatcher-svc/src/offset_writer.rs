@@ -396,13 +396,18 @@ mod tests {
         runtime: &tokio::runtime::Runtime,
         listen: std::net::SocketAddr,
     ) -> offset_svc::server::RunningServer {
+        runtime.block_on(offset_svc_at(listen))
+    }
+
+    /// An offset-svc with an in-memory store, listening on `listen`, on the current runtime.
+    async fn offset_svc_at(listen: std::net::SocketAddr) -> offset_svc::server::RunningServer {
         let config = offset_svc::config::Config {
             listen,
             store: offset_svc::config::StoreKind::Memory,
             ..offset_svc::config::Config::default()
         };
-        runtime
-            .block_on(offset_svc::server::start(config, CancellationToken::new()))
+        offset_svc::server::start(config, CancellationToken::new())
+            .await
             .unwrap()
     }
 
@@ -499,5 +504,127 @@ mod tests {
             notices.recv_timeout(Duration::from_secs(10)).unwrap(),
             WriteNotice::Durable
         );
+    }
+
+    /// The stored value of the default group's cursor of `orders` partition 0, read from
+    /// offset-svc directly (not through the writer's path).
+    async fn stored_cursor(uri: &str) -> i64 {
+        let key = OffsetKey::new(
+            Topic::new("orders").unwrap(),
+            OffsetClient::MqCursor(None),
+            PartitionId::number(0),
+        );
+        let mut client = OffsetServiceClient::connect(uri.to_owned()).await.unwrap();
+        client
+            .read_offset(eventmesh_proto::offset::ReadOffsetRequest {
+                key: Some(eventmesh_proto::offset::OffsetKey {
+                    topic: key.topic.to_string(),
+                    client_id: key.client.to_string(),
+                    partition: key.partition.to_string(),
+                }),
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .offset
+    }
+
+    /// Waits (up to 5 s) until offset-svc stores `value` for the cursor.
+    async fn wait_stored(uri: &str, value: i64) {
+        let started = Instant::now();
+        while stored_cursor(uri).await < value {
+            assert!(
+                started.elapsed() < Duration::from_secs(5),
+                "offset-svc never stored {value}"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    /// A job whose notices are recorded in `order` as `(offset, notice)`.
+    fn recorded_job(
+        offset: i64,
+        order: &Arc<std::sync::Mutex<Vec<(i64, WriteNotice)>>>,
+    ) -> WriteJob {
+        let order = Arc::clone(order);
+        let (told, _) = std::sync::mpsc::channel();
+        let mut job = cursor_job(offset, told);
+        job.listener = Arc::new(move |notice| order.lock().unwrap().push((offset, notice)));
+        job
+    }
+
+    /// The connection is cut while a write waits for its answer (stored, the answer held by
+    /// a proxy) and another job waits behind it: neither is told DURABLE before it is written
+    /// on a new connection, both are told in the order they came, a barrier submitted after
+    /// them is answered only then, and the writer ends healthy.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_write_cut_off_before_its_answer_is_written_again_and_jobs_stay_in_order() {
+        let server = offset_svc_at(std::net::SocketAddr::from(([127, 0, 0, 1], 0))).await;
+        let direct = format!("http://{}", server.local_addr());
+        let proxy = eventmesh_testkit::proxy::Proxy::start(server.local_addr())
+            .await
+            .unwrap();
+        let writer = writer_to(&format!("http://{}", proxy.addr()));
+        let order = Arc::new(std::sync::Mutex::new(Vec::new()));
+        writer.submit(recorded_job(1, &order));
+        assert!(writer.barrier().await);
+
+        proxy.hold_answers();
+        writer.submit(recorded_job(2, &order));
+        wait_stored(&direct, 2).await;
+        writer.submit(recorded_job(3, &order));
+        let barrier = tokio::spawn({
+            let writer = writer.clone();
+            async move { writer.barrier().await }
+        });
+        // Stored, but not answered: not durable as far as the writer knows.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert_eq!(*order.lock().unwrap(), [(1, WriteNotice::Durable)]);
+        proxy.sever();
+        proxy.release_answers();
+        let answered = tokio::time::timeout(Duration::from_secs(20), barrier).await;
+        assert!(answered.unwrap().unwrap(), "the barrier was never answered");
+        let order = order.lock().unwrap().clone();
+        let durable: Vec<i64> = order
+            .iter()
+            .filter(|(_, notice)| *notice == WriteNotice::Durable)
+            .map(|(offset, _)| *offset)
+            .collect();
+        assert_eq!(durable, [1, 2, 3], "{order:?}");
+        for offset in [2, 3] {
+            let pending = order
+                .iter()
+                .filter(|(o, n)| *o == offset && *n == WriteNotice::Pending)
+                .count();
+            assert!(
+                pending <= 1,
+                "job {offset} told PENDING {pending} times: {order:?}"
+            );
+        }
+        assert!(*writer.health().borrow(), "the writer ended unhealthy");
+        assert_eq!(stored_cursor(&direct).await, 3);
+        server.shutdown();
+        server.wait().await.unwrap();
+    }
+
+    /// Thousands of jobs submitted as fast as they come are told DURABLE in the order they
+    /// were submitted, however the writes split them (`barrier` relies on it).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn jobs_are_told_durable_in_the_order_submitted() {
+        let server = offset_svc_at(std::net::SocketAddr::from(([127, 0, 0, 1], 0))).await;
+        let writer = writer_to(&format!("http://{}", server.local_addr()));
+        let order = Arc::new(std::sync::Mutex::new(Vec::new()));
+        for offset in 0..5_000 {
+            writer.submit(recorded_job(offset, &order));
+            if offset % 100 == 0 {
+                tokio::task::yield_now().await;
+            }
+        }
+        assert!(writer.barrier().await);
+        let order = order.lock().unwrap().clone();
+        let expected: Vec<_> = (0..5_000).map(|o| (o, WriteNotice::Durable)).collect();
+        assert_eq!(order, expected);
+        server.shutdown();
+        server.wait().await.unwrap();
     }
 }

@@ -7,8 +7,10 @@
 //! * [`RocketMq`] — a real RocketMQ name server and broker (rocketmq-rust 1.0.0) on loopback,
 //!   started and stopped by `scripts/rocketmq.sh`, or the one named by `ROCKETMQ_NAMESRV`.
 //! * [`http2`] — the HTTP/2 settings a server or client advertises, read off a raw socket.
+//! * [`proxy`] — a loopback TCP proxy that can hold the server's answers or cut connections.
 
 pub mod http2;
+pub mod proxy;
 
 use std::ffi::OsStr;
 use std::io::BufRead;
