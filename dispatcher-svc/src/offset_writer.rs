@@ -371,15 +371,20 @@ fn merged(queue: &[Queued], sync: bool) -> WriteOffsetsRequest {
         entries: highest
             .into_iter()
             .map(|(key, offset)| OffsetEntry {
-                key: Some(eventmesh_proto::offset::OffsetKey {
-                    topic: key.topic.to_string(),
-                    client_id: key.client.to_string(),
-                    partition: key.partition.to_string(),
-                }),
+                key: Some(wire_key(key)),
                 offset,
             })
             .collect(),
         sync,
+    }
+}
+
+/// A key as offset-svc's API spells it.
+fn wire_key(key: &OffsetKey) -> eventmesh_proto::offset::OffsetKey {
+    eventmesh_proto::offset::OffsetKey {
+        topic: key.topic.to_string(),
+        client_id: key.client.to_string(),
+        partition: key.partition.to_string(),
     }
 }
 
@@ -428,20 +433,30 @@ mod tests {
 
     /// A job for the default group's cursor of `orders` partition 0, its notices sent to `told`.
     fn cursor_job(offset: i64, told: std::sync::mpsc::Sender<WriteNotice>) -> WriteJob {
-        WriteJob {
-            entries: vec![(
-                OffsetKey::new(
-                    Topic::new("orders").unwrap(),
-                    OffsetClient::MqCursor(None),
-                    PartitionId::number(0),
-                ),
-                offset,
-            )],
-            links: Vec::new(),
-            settles: 1,
-            listener: Arc::new(move |notice| {
+        job_telling(
+            offset,
+            Arc::new(move |notice| {
                 let _ = told.send(notice);
             }),
+        )
+    }
+
+    /// The default group's cursor of `orders` partition 0, the key every test job writes.
+    fn orders_cursor() -> OffsetKey {
+        OffsetKey::new(
+            Topic::new("orders").unwrap(),
+            OffsetClient::MqCursor(None),
+            PartitionId::number(0),
+        )
+    }
+
+    /// A job raising [`orders_cursor`] to `offset`, its notices given to `listener`.
+    fn job_telling(offset: i64, listener: Listener) -> WriteJob {
+        WriteJob {
+            entries: vec![(orders_cursor(), offset)],
+            links: Vec::new(),
+            settles: 1,
+            listener,
         }
     }
 
@@ -506,22 +521,13 @@ mod tests {
         );
     }
 
-    /// The stored value of the default group's cursor of `orders` partition 0, read from
-    /// offset-svc directly (not through the writer's path).
+    /// The stored value of [`orders_cursor`], read from offset-svc directly (not through the
+    /// writer's path).
     async fn stored_cursor(uri: &str) -> i64 {
-        let key = OffsetKey::new(
-            Topic::new("orders").unwrap(),
-            OffsetClient::MqCursor(None),
-            PartitionId::number(0),
-        );
         let mut client = OffsetServiceClient::connect(uri.to_owned()).await.unwrap();
         client
             .read_offset(eventmesh_proto::offset::ReadOffsetRequest {
-                key: Some(eventmesh_proto::offset::OffsetKey {
-                    topic: key.topic.to_string(),
-                    client_id: key.client.to_string(),
-                    partition: key.partition.to_string(),
-                }),
+                key: Some(wire_key(&orders_cursor())),
             })
             .await
             .unwrap()
@@ -547,10 +553,10 @@ mod tests {
         order: &Arc<std::sync::Mutex<Vec<(i64, WriteNotice)>>>,
     ) -> WriteJob {
         let order = Arc::clone(order);
-        let (told, _) = std::sync::mpsc::channel();
-        let mut job = cursor_job(offset, told);
-        job.listener = Arc::new(move |notice| order.lock().unwrap().push((offset, notice)));
-        job
+        job_telling(
+            offset,
+            Arc::new(move |notice| order.lock().unwrap().push((offset, notice))),
+        )
     }
 
     /// The connection is cut while a write waits for its answer (stored, the answer held by
